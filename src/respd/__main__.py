@@ -1,0 +1,3 @@
+from respd.cli import main
+
+main()

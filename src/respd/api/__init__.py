@@ -1,0 +1,1 @@
+"""HTTP layer: routes, body parsing, OpenAI-shaped errors, SSE."""

@@ -1,0 +1,49 @@
+"""`/v1/chat/completions` route."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from respd.api.body import parse_body
+from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
+from respd.protocol.chat import ChatCompletionRequest
+from respd.service.chat import ChatResult, ChatService, PreparedChat
+
+router = APIRouter()
+
+
+async def _complete(service: ChatService, prepared: PreparedChat) -> ChatResult:
+    result = ChatResult()
+    async for item in service.generate(prepared):
+        if isinstance(item, ChatResult):
+            result = item
+    return result
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions", include_in_schema=False)
+async def chat_completions(request: Request) -> Response:
+    service: ChatService = request.app.state.chat
+    body = await parse_body(request, ChatCompletionRequest)
+    prepared = await service.prepare(body)
+    if not body.stream:
+        result = await until_disconnect(request, _complete(service, prepared))
+        return JSONResponse(dump(service.completion(prepared, result)))
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield sse_frame(dump(service.chunk(prepared, delta={"role": "assistant", "content": ""})))
+        async for item in service.generate(prepared):
+            if isinstance(item, ChatResult):
+                yield sse_frame(
+                    dump(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))
+                )
+                if prepared.include_usage:
+                    yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
+            else:
+                yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
+        yield sse_frame("[DONE]")
+
+    return EventStreamResponse(frames())

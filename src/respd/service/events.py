@@ -1,0 +1,244 @@
+"""The one event state machine of a response.
+
+It emits every typed SSE event, numbered from 0, AND builds the final `Response`. Streaming
+and non-streaming requests drive the same machine, so the ids, order and content a client
+sees are identical whichever way it asked. Events and objects are the `openai` SDK's own
+pydantic types, so a field we misspell fails here, not in a client.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+from pydantic import BaseModel
+
+from respd.service.ids import new_id
+
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+@dataclass
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+@dataclass
+class _OpenMessage:
+    id: str
+    output_index: int
+    text: str = ""
+
+
+@dataclass
+class ResponseEventMachine:
+    """Drives one response from `created` to its terminal event.
+
+    `echo` holds the request settings the Response object repeats (instructions, model,
+    temperature, tools, ...); see `service/responses.py` for how it is built.
+    """
+
+    echo: dict[str, Any]
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    status: Status = "in_progress"
+    output: list[dict[str, Any]] = field(default_factory=list)
+    usage: Usage | None = None
+    error: dict[str, Any] | None = None
+    incomplete_reason: str | None = None
+    completed_at: int | None = None
+    _seq: int = 0
+    _message: _OpenMessage | None = None
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> Response:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "incomplete_details": (
+                {"reason": self.incomplete_reason} if self.incomplete_reason else None
+            ),
+            "output": list(self.output),
+            "usage": self.usage.as_dict() if self.usage else None,
+        }
+        body.update(self.echo)
+        return Response.model_validate(body)
+
+    def _event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
+        event = cls.model_validate({**fields, "sequence_number": self._seq})
+        self._seq += 1
+        return event  # type: ignore[return-value]
+
+    # -- transitions ----------------------------------------------------------------------
+
+    def start(self) -> list[ResponseStreamEvent]:
+        snap = self.snapshot()
+        return [
+            self._event(ResponseCreatedEvent, type="response.created", response=snap),
+            self._event(ResponseInProgressEvent, type="response.in_progress", response=snap),
+        ]
+
+    def _open_message(self) -> list[ResponseStreamEvent]:
+        msg = _OpenMessage(new_id("msg"), len(self.output))
+        self._message = msg
+        item = {
+            "id": msg.id,
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        self.output.append(item)
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [
+            self._event(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=msg.output_index,
+                item=item,
+            ),
+            self._event(
+                ResponseContentPartAddedEvent,
+                type="response.content_part.added",
+                item_id=msg.id,
+                output_index=msg.output_index,
+                content_index=0,
+                part=part,
+            ),
+        ]
+
+    def output_text(self, delta: str) -> list[ResponseStreamEvent]:
+        if not delta:
+            return []
+        events = self._open_message() if self._message is None else []
+        msg = self._message
+        assert msg is not None
+        msg.text += delta
+        events.append(
+            self._event(
+                ResponseTextDeltaEvent,
+                type="response.output_text.delta",
+                item_id=msg.id,
+                output_index=msg.output_index,
+                content_index=0,
+                delta=delta,
+                logprobs=[],
+            )
+        )
+        return events
+
+    def _close_message(self, item_status: str) -> list[ResponseStreamEvent]:
+        events = self._open_message() if self._message is None else []
+        msg = self._message
+        assert msg is not None
+        part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+        item = {
+            "id": msg.id,
+            "type": "message",
+            "status": item_status,
+            "role": "assistant",
+            "content": [part],
+        }
+        self.output[msg.output_index] = item
+        self._message = None
+        events += [
+            self._event(
+                ResponseTextDoneEvent,
+                type="response.output_text.done",
+                item_id=msg.id,
+                output_index=msg.output_index,
+                content_index=0,
+                text=msg.text,
+                logprobs=[],
+            ),
+            self._event(
+                ResponseContentPartDoneEvent,
+                type="response.content_part.done",
+                item_id=msg.id,
+                output_index=msg.output_index,
+                content_index=0,
+                part=part,
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=msg.output_index,
+                item=ResponseOutputMessage.model_validate(item),
+            ),
+        ]
+        return events
+
+    def finish(
+        self, *, usage: Usage, incomplete_reason: str | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Close open items and emit `response.completed` or `response.incomplete`."""
+        self.usage = usage
+        events = self._close_message("incomplete" if incomplete_reason else "completed")
+        if incomplete_reason:
+            self.status = "incomplete"
+            self.incomplete_reason = incomplete_reason
+            events.append(
+                self._event(
+                    ResponseIncompleteEvent, type="response.incomplete", response=self.snapshot()
+                )
+            )
+        else:
+            self.status = "completed"
+            self.completed_at = int(time.time())
+            events.append(
+                self._event(
+                    ResponseCompletedEvent, type="response.completed", response=self.snapshot()
+                )
+            )
+        return events
+
+    def fail(self, message: str, *, code: str = "server_error") -> list[ResponseStreamEvent]:
+        """Close open items as incomplete and emit `response.failed`."""
+        events = self._close_message("incomplete") if self._message is not None else []
+        self.status = "failed"
+        self.error = {"code": code, "message": message}
+        events.append(
+            self._event(ResponseFailedEvent, type="response.failed", response=self.snapshot())
+        )
+        return events
+
+    def cancel(self, *, usage: Usage) -> list[ResponseStreamEvent]:
+        """Generation stopped on request: keep partial output, status `cancelled`."""
+        self.usage = usage
+        events = self._close_message("incomplete") if self._message is not None else []
+        self.status = "cancelled"
+        return events

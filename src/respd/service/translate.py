@@ -1,0 +1,139 @@
+"""Responses API input → the canonical conversation (a list of `ChatMessage`).
+
+Errors name the exact path of the offending value (`input[2].content[0].type`), as OpenAI's do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respd.engines.base import ChatMessage
+from respd.protocol.errors import InvalidRequest, Unsupported
+
+MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_IMAGE_PARTS = ("input_image", "image_url")
+_MEDIA_PARTS = (*_IMAGE_PARTS, "input_audio", "video_url")
+# Item types that a later piece of work implements; until then they are a named 400.
+_NOT_YET_ITEMS = {
+    "function_call": "function tools",
+    "function_call_output": "function tools",
+    "reasoning": "reasoning items",
+    "item_reference": "stored items",
+    "compaction": "compaction",
+}
+
+NO_EFFECTIVE_INPUT = (
+    "Request must include at least one non-empty message content or media input."
+)
+
+
+def _role(value: Any, param: str) -> str:
+    if value not in MESSAGE_ROLES:
+        raise InvalidRequest(
+            f"Invalid value for '{param}': expected one of {', '.join(MESSAGE_ROLES)}, "
+            f"got {value!r}.",
+            param=param,
+            code="invalid_value",
+        )
+    # Templates know system, user and assistant; developer is OpenAI's new name for system.
+    return "system" if value == "developer" else value
+
+
+def content_text(content: Any, param: str, *, model_id: str) -> str:
+    """The text of a message's `content` (a string or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"Invalid type for '{param}': expected a string or an array of content parts.",
+            param=param,
+            code="invalid_type",
+        )
+    texts: list[str] = []
+    for j, part in enumerate(content):
+        p = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise InvalidRequest(
+                f"Invalid type for '{p}': expected an object.", param=p, code="invalid_type"
+            )
+        kind = part.get("type")
+        if kind in _TEXT_PARTS:
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise InvalidRequest(
+                    f"Missing required parameter: '{p}.text'.",
+                    param=f"{p}.text",
+                    code="missing_required_parameter",
+                )
+            texts.append(text)
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal", "")))
+        elif kind in _MEDIA_PARTS:
+            raise InvalidRequest(
+                f"The model '{model_id}' has no image, audio or video input; "
+                f"'{kind}' content cannot be processed.",
+                param=f"{p}.type",
+                code="unsupported_input",
+            )
+        elif kind == "input_file":
+            raise Unsupported(
+                "'input_file' content parts are not supported by this server yet.",
+                param=f"{p}.type",
+            )
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{p}.type': {kind!r} is not a known content part type.",
+                param=f"{p}.type",
+                code="invalid_value",
+            )
+    return "\n".join(texts)
+
+
+def input_to_messages(
+    items: str | list[dict[str, Any]] | None, *, model_id: str
+) -> list[ChatMessage]:
+    """Translate the Responses `input` field."""
+    if items is None:
+        return []
+    if isinstance(items, str):
+        return [ChatMessage("user", items)]
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            if "role" not in item:
+                raise InvalidRequest(
+                    f"Missing required parameter: '{param}.role'.",
+                    param=f"{param}.role",
+                    code="missing_required_parameter",
+                )
+            if "content" not in item:
+                raise InvalidRequest(
+                    f"Missing required parameter: '{param}.content'.",
+                    param=f"{param}.content",
+                    code="missing_required_parameter",
+                )
+            role = _role(item["role"], f"{param}.role")
+            text = content_text(item["content"], f"{param}.content", model_id=model_id)
+            messages.append(ChatMessage(role, text))
+        elif kind in _NOT_YET_ITEMS:
+            raise Unsupported(
+                f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
+                "this server yet.",
+                param=f"{param}.type",
+            )
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{param}.type': {kind!r} is not a supported input item type.",
+                param=f"{param}.type",
+                code="invalid_value",
+            )
+    return messages
+
+
+def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
+    """Reject a conversation with nothing in it for the model to answer."""
+    if not any(m.content.strip() for m in messages):
+        raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)
