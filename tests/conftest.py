@@ -91,9 +91,7 @@ def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     """The shared server: default model, a 2048-token window so overflow tests stay cheap."""
-    srv = start_server(
-        tmp_path_factory.mktemp("respd"), "--ctx-size", "2048", "--threads", "2"
-    )
+    srv = start_server(tmp_path_factory.mktemp("respd"), "--ctx-size", "2048", "--threads", "2")
     yield srv
     srv.stop()
     srv.assert_no_5xx()

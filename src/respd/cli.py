@@ -12,8 +12,6 @@ from pydantic import ValidationError
 from respd import __version__
 from respd.config import Settings
 
-_BOOL_TYPES = (bool,)
-
 
 def _flag_type(annotation: Any) -> Any:
     args = [a for a in get_args(annotation) if a is not type(None)]
@@ -51,7 +49,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="respd",
-        description="OpenAI-compatible LLM server: Responses API first, Chat Completions beside it.",
+        description="OpenAI-compatible LLM server: Responses API first, Chat Completions too.",
     )
     parser.add_argument("--version", action="version", version=f"respd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -64,7 +64,9 @@ class Settings(BaseSettings):
     temperature: float = Field(
         1.0, ge=0.0, le=2.0, description="Sampling temperature when a request sets none."
     )
-    top_p: float = Field(1.0, ge=0.0, le=1.0, description="Nucleus sampling when a request sets none.")
+    top_p: float = Field(
+        1.0, ge=0.0, le=1.0, description="Nucleus sampling when a request sets none."
+    )
     max_output_tokens: int | None = Field(
         None,
         ge=1,

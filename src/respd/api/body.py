@@ -34,5 +34,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     except ValidationError as exc:
         raise validation_error(exc) from exc
     if parsed.model_extra:
-        log.info("ignoring unknown field(s) on %s: %s", request.url.path, sorted(parsed.model_extra))
+        log.info(
+            "ignoring unknown field(s) on %s: %s", request.url.path, sorted(parsed.model_extra)
+        )
     return parsed

@@ -8,11 +8,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from respd.api.streaming import ClientGone
 from respd.protocol.errors import APIError, InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -79,8 +80,15 @@ def install_error_handlers(app: FastAPI) -> None:
         else:
             message, code = str(exc.detail), None
         return error_response(
-            APIError(message, status_code=exc.status_code, code=code, headers=exc.headers)
+            APIError(
+                message, status_code=exc.status_code, code=code, headers=dict(exc.headers or {})
+            )
         )
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_: Request, __: ClientGone) -> Response:
+        # Nobody reads this; 499 (nginx's "client closed request") keeps the access log honest.
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -40,4 +41,5 @@ async def get_model(request: Request, model_id: str) -> dict[str, Any]:
 @router.get("/health")
 @router.get("/v1/health", include_in_schema=False)
 async def health(request: Request) -> dict[str, Any]:
-    return {"status": "ok", "model": request.app.state.engine.model_id}
+    engine = request.app.state.engine
+    return {"status": "ok", "model": engine.model_id, "engine": asdict(engine.stats())}

@@ -17,7 +17,8 @@ router = APIRouter()
 
 
 def _service(request: Request) -> ResponsesService:
-    return request.app.state.responses  # type: ignore[no-any-return]
+    service: ResponsesService = request.app.state.responses
+    return service
 
 
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:

@@ -20,6 +20,10 @@ from starlette.types import Receive, Scope, Send
 T = TypeVar("T")
 
 
+class ClientGone(Exception):
+    """The client disconnected before its non-streaming answer was ready."""
+
+
 def dump(model: BaseModel) -> dict[str, Any]:
     """Wire JSON of an SDK object: the fields we set, nothing the SDK merely defaults."""
     return model.model_dump(mode="json", exclude_unset=True, by_alias=True)
@@ -87,5 +91,5 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
     if not task.done():
         task.cancel()
-        raise asyncio.CancelledError("client disconnected")
+        raise ClientGone()
     return task.result()

@@ -5,7 +5,7 @@ An engine knows models, templates and tokens; it knows nothing of the Responses 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -55,8 +55,15 @@ class GenerationDone:
 GenerationEvent = TokenChunk | GenerationDone
 
 
-class EngineOverloaded(Exception):
-    """Raised by `generate` when the engine cannot accept more work right now."""
+@dataclass
+class EngineStats:
+    """Counters for /health and tests: is anything still generating after a client left?"""
+
+    running: int = 0
+    queued: int = 0
+    completed: int = 0
+    cancelled: int = 0
+    generated_tokens: int = 0
 
 
 class Engine(Protocol):
@@ -73,8 +80,10 @@ class Engine(Protocol):
 
     def generate(
         self, prompt_tokens: list[int], params: SamplingParams
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         """Stream generated text; closing the iterator early cancels the generation."""
         ...
+
+    def stats(self) -> EngineStats: ...
 
     def close(self) -> None: ...

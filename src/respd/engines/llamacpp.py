@@ -15,14 +15,15 @@ import logging
 import queue
 import random
 import threading
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import llama_cpp
 
 from respd.engines.base import (
     ChatMessage,
+    EngineStats,
     FinishReason,
     GenerationDone,
     GenerationEvent,
@@ -98,6 +99,7 @@ class LlamaCppEngine:
         )
         self._stop_ids = self._end_of_turn_ids(source)
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._stats = EngineStats()
         self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
         self._worker.start()
 
@@ -138,7 +140,7 @@ class LlamaCppEngine:
 
     async def generate(
         self, prompt_tokens: list[int], params: SamplingParams
-    ) -> AsyncIterator[GenerationEvent]:
+    ) -> AsyncGenerator[GenerationEvent, None]:
         loop = asyncio.get_running_loop()
         job = _Job(list(prompt_tokens), params, loop, asyncio.Queue())
         self._jobs.put(job)
@@ -151,26 +153,34 @@ class LlamaCppEngine:
         finally:
             job.cancel.set()
 
+    def stats(self) -> EngineStats:
+        return replace(self._stats, queued=self._jobs.qsize())
+
     def _work(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
+            self._stats.running = 1
             try:
                 self._run(job)
             except Exception as exc:  # a failed job must not kill the worker
                 log.exception("generation failed")
                 job.emit(GenerationDone("error", len(job.prompt_tokens), 0, error=str(exc)))
+            finally:
+                self._stats.running = 0
 
     def _run(self, job: _Job) -> None:
         llama = self._llama
         prompt = job.prompt_tokens
         if job.cancel.is_set():
+            self._stats.cancelled += 1
             job.emit(GenerationDone("cancelled", len(prompt), 0))
             return
         held = list(llama._input_ids[: llama.n_tokens])
         # llama.cpp re-evaluates at least the last prompt token to get fresh logits.
         cached = min(_common_prefix(held, prompt), max(len(prompt) - 1, 0))
+        self._prefill_all_but_last(prompt, cached)
         p = job.params
         llama.set_seed(p.seed if p.seed is not None else random.getrandbits(32))
         room = self.context_window - len(prompt)
@@ -203,7 +213,30 @@ class LlamaCppEngine:
         tail = decoder.decode(b"", final=True)
         if tail:
             job.emit(TokenChunk(tail, []))
+        self._stats.generated_tokens += produced
+        if finish == "cancelled":
+            self._stats.cancelled += 1
+        else:
+            self._stats.completed += 1
         job.emit(GenerationDone(finish, len(prompt), produced, cached))
+
+    def _prefill_all_but_last(self, prompt: list[int], cached: int) -> None:
+        """Evaluate the prompt up to its last token, reusing the `cached` prefix.
+
+        `Llama.generate` then decodes the last prompt token on its own. Doing that on every
+        request, cold or warm, makes the logits the first sample is drawn from identical
+        whatever the cache held before, so a seeded request reproduces exactly.
+        """
+        llama = self._llama
+        if len(prompt) < 2:
+            return
+        if llama.n_tokens > cached:
+            if not llama._ctx.kv_cache_seq_rm(-1, cached, -1):
+                llama.reset()
+                cached = 0
+            llama.n_tokens = cached
+        if cached < len(prompt) - 1:
+            llama.eval(prompt[cached:-1])
 
     def close(self) -> None:
         self._jobs.put(None)

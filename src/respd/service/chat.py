@@ -69,7 +69,9 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
                 param=f"{param}.content",
                 code="missing_required_parameter",
             )
-        text = "" if content is None else content_text(content, f"{param}.content", model_id=model_id)
+        text = (
+            "" if content is None else content_text(content, f"{param}.content", model_id=model_id)
+        )
         out.append(ChatMessage("system" if role == "developer" else role, text))
     return out
 
@@ -97,7 +99,9 @@ class ChatService:
             )
         if req.logprobs or req.top_logprobs:
             raise Unsupported("Logprobs are not supported by this server yet.", param="logprobs")
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
         sampling = build_sampling(
             defaults=self.defaults,
             temperature=req.temperature,

@@ -90,9 +90,7 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
             param="previous_response_id",
         )
     if req.conversation is not None:
-        raise Unsupported(
-            "conversation is not supported by this server yet.", param="conversation"
-        )
+        raise Unsupported("conversation is not supported by this server yet.", param="conversation")
     if req.background:
         raise Unsupported(
             "background responses are not supported by this server yet.", param="background"
@@ -121,9 +119,11 @@ def build_echo(
     req: CreateResponseRequest, sampling: SamplingParams, model_id: str
 ) -> dict[str, Any]:
     """The request settings a Response object repeats, in OpenAI's field order."""
-    text_format = req.text.format.model_dump(by_alias=True, exclude_none=True) if (
-        req.text and req.text.format
-    ) else {"type": "text"}
+    text_format = (
+        req.text.format.model_dump(by_alias=True, exclude_none=True)
+        if (req.text and req.text.format)
+        else {"type": "text"}
+    )
     return {
         "background": bool(req.background),
         "instructions": req.instructions,

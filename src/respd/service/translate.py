@@ -23,9 +23,7 @@ _NOT_YET_ITEMS = {
     "compaction": "compaction",
 }
 
-NO_EFFECTIVE_INPUT = (
-    "Request must include at least one non-empty message content or media input."
-)
+NO_EFFECTIVE_INPUT = "Request must include at least one non-empty message content or media input."
 
 
 def _role(value: Any, param: str) -> str:
