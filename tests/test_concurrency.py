@@ -30,6 +30,19 @@ def _engine(http: httpx.Client) -> dict[str, Any]:
     return http.get("/health").json()["engine"]  # type: ignore[no-any-return]
 
 
+def _after_cancel(http: httpx.Client, before: dict[str, Any]) -> dict[str, Any]:
+    """Engine counters once the one cancelled generation has wound down (bounded wait)."""
+    deadline = time.monotonic() + 30
+    stats = _engine(http)
+    while time.monotonic() < deadline:
+        if stats["cancelled"] > before["cancelled"] and stats["running"] == 0:
+            break
+        time.sleep(0.1)
+        stats = _engine(http)
+    assert stats["cancelled"] == before["cancelled"] + 1
+    return stats
+
+
 def test_ten_concurrent_streams_complete_with_their_own_outputs(
     server: RespdServer, client: openai.OpenAI
 ) -> None:
@@ -88,14 +101,7 @@ def test_stream_disconnect_cancels_generation(server: RespdServer, http: httpx.C
                 seen += 1
                 if seen >= 3:
                     break  # leaving the block closes the connection mid-stream
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = _engine(http)
-        if stats["cancelled"] > before["cancelled"] and stats["running"] == 0:
-            break
-        time.sleep(0.1)
-    stats = _engine(http)
-    assert stats["cancelled"] == before["cancelled"] + 1
+    stats = _after_cancel(http, before)
     assert stats["running"] == 0
     # The cancelled generation stopped far short of its 1,500-token budget.
     assert stats["generated_tokens"] - before["generated_tokens"] < 1000
@@ -117,12 +123,5 @@ def test_nonstream_disconnect_cancels_generation(server: RespdServer, http: http
             },
             timeout=1.0,
         )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = _engine(http)
-        if stats["cancelled"] > before["cancelled"] and stats["running"] == 0:
-            break
-        time.sleep(0.1)
-    stats = _engine(http)
-    assert stats["cancelled"] == before["cancelled"] + 1
+    stats = _after_cancel(http, before)
     assert stats["generated_tokens"] - before["generated_tokens"] < 1000
