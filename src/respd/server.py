@@ -12,6 +12,7 @@ from respd.api.app import create_app
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.service.sampling import SamplingDefaults
+from respd.store import Limits, Store, StoreConfigError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,29 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
     return engine
 
 
+def build_store(settings: Settings) -> Store:
+    try:
+        return open_store(
+            settings.store,
+            settings.data_dir.expanduser(),
+            responses=Limits(
+                settings.responses_store_max_entries,
+                settings.responses_store_max_bytes,
+                settings.responses_store_ttl_secs,
+            ),
+            conversations=Limits(
+                settings.conversation_store_max_entries,
+                settings.conversation_store_max_bytes,
+                settings.conversation_store_ttl_secs,
+            ),
+        )
+    except StoreConfigError as exc:
+        raise SystemExit(f"respd: {exc}") from exc
+
+
 def serve(settings: Settings) -> int:
     console = Console(stderr=True)
+    store = build_store(settings)  # before the model: a bad --store fails fast
     engine = load_engine(settings, console)
     app = create_app(
         engine,
@@ -49,6 +71,7 @@ def serve(settings: Settings) -> int:
             top_p=settings.top_p,
             max_output_tokens=settings.max_output_tokens,
         ),
+        store,
     )
     config = uvicorn.Config(
         app,
@@ -59,6 +82,8 @@ def serve(settings: Settings) -> int:
     )
     server = uvicorn.Server(config)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    where = f"{settings.store} in {settings.data_dir}" if settings.store != "memory" else "memory"
+    console.print(f"Store: {where}")
     console.print(
         f"respd serving model [bold]{engine.model_id}[/] at http://{host}:{settings.port}/v1"
     )

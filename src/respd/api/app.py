@@ -3,27 +3,53 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from respd import __version__
-from respd.api import chat, models, responses
+from respd.api import chat, conversations, models, responses
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.engines.base import Engine
+from respd.service.background import BackgroundJobs
 from respd.service.chat import ChatService
+from respd.service.conversations import ConversationsService
 from respd.service.responses import ResponsesService
 from respd.service.sampling import SamplingDefaults
+from respd.service.stored import StoredResponses
+from respd.store import MemoryStore, Store
 
 
-def create_app(engine: Engine, defaults: SamplingDefaults | None = None) -> FastAPI:
+def create_app(
+    engine: Engine, defaults: SamplingDefaults | None = None, store: Store | None = None
+) -> FastAPI:
+    """Build the app. The store is owned by the app from here on: closed at shutdown."""
     defaults = defaults or SamplingDefaults()
-    app = FastAPI(title="respd", version=__version__)
+    store = store if store is not None else MemoryStore()
+    service = ResponsesService(engine, defaults, store)
+    jobs = BackgroundJobs(service, store)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await jobs.recover()
+        try:
+            yield
+        finally:
+            await jobs.shutdown()
+            await store.close()
+
+    app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.started_at = int(time.time())
-    app.state.responses = ResponsesService(engine, defaults)
+    app.state.responses = service
+    app.state.background = jobs
+    app.state.stored = StoredResponses(store, jobs)
+    app.state.conversations = ConversationsService(store, engine.model_id)
     app.state.chat = ChatService(engine, defaults)
     install_error_handlers(app)
     app.include_router(responses.router)
+    app.include_router(conversations.router)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.add_middleware(RequestIdMiddleware)

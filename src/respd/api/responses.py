@@ -1,17 +1,24 @@
-"""`/v1/responses` routes."""
+"""`/v1/responses` routes: create, retrieve (or replay a background stream), delete, cancel,
+input items and input token counts."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from respd.api.body import parse_body
+from respd.api.identity import owner_of
+from respd.api.query import include_param
 from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
+from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
+from respd.service.background import BackgroundJobs
 from respd.service.events import ResponseEventMachine
 from respd.service.responses import PreparedResponse, ResponsesService
+from respd.service.stored import StoredResponses
 
 router = APIRouter()
 
@@ -21,9 +28,27 @@ def _service(request: Request) -> ResponsesService:
     return service
 
 
+def _jobs(request: Request) -> BackgroundJobs:
+    jobs: BackgroundJobs = request.app.state.background
+    return jobs
+
+
+def _stored(request: Request) -> StoredResponses:
+    stored: StoredResponses = request.app.state.stored
+    return stored
+
+
+def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStreamResponse:
+    async def frames() -> AsyncIterator[bytes]:
+        async for event in events:
+            yield sse_frame(event, event["type"])
+
+    return EventStreamResponse(frames())
+
+
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
     machine = ResponseEventMachine(prepared.echo)
-    async for _ in service.run(prepared, machine):
+    async for _ in service.respond(prepared, machine):
         pass
     return machine
 
@@ -33,13 +58,69 @@ async def _collect(service: ResponsesService, prepared: PreparedResponse) -> Res
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await parse_body(request, CreateResponseRequest)
-    prepared = await service.prepare(body)
+    prepared = await service.prepare(body, owner_of(request))
+    if body.background:
+        job = await _jobs(request).start(prepared)
+        if body.stream:
+            # A background stream outlives its client: disconnecting stops only the follow.
+            return _sse(job.follow(after=-1))
+        return JSONResponse(dump(job.machine.snapshot()))
     if body.stream:
 
-        async def frames() -> AsyncIterator[bytes]:
-            async for event in service.run(prepared):
-                yield sse_frame(dump(event), event.type)
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for event in service.respond(prepared):
+                yield dump(event)
 
-        return EventStreamResponse(frames())
+        return _sse(events())
     machine = await until_disconnect(request, _collect(service, prepared))
     return JSONResponse(dump(machine.snapshot()))
+
+
+@router.post("/v1/responses/input_tokens")
+@router.post("/responses/input_tokens", include_in_schema=False)
+async def count_input_tokens(request: Request) -> dict[str, Any]:
+    body = await parse_body(request, InputTokensRequest)
+    count = await _service(request).count_input_tokens(body, owner_of(request))
+    return {"object": "response.input_tokens", "input_tokens": count}
+
+
+@router.get("/v1/responses/{response_id}")
+@router.get("/responses/{response_id}", include_in_schema=False)
+async def retrieve_response(
+    request: Request,
+    response_id: str,
+    stream: bool = False,
+    starting_after: int | None = Query(None, ge=-1),
+) -> Response:
+    include_param(request)
+    owner = owner_of(request)
+    if stream:
+        return _sse(await _stored(request).open_stream(owner, response_id, starting_after))
+    return JSONResponse(await _stored(request).retrieve(owner, response_id))
+
+
+@router.delete("/v1/responses/{response_id}")
+@router.delete("/responses/{response_id}", include_in_schema=False)
+async def delete_response(request: Request, response_id: str) -> dict[str, Any]:
+    return await _stored(request).delete(owner_of(request), response_id)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+@router.post("/responses/{response_id}/cancel", include_in_schema=False)
+async def cancel_response(request: Request, response_id: str) -> dict[str, Any]:
+    return await _stored(request).cancel(owner_of(request), response_id)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+@router.get("/responses/{response_id}/input_items", include_in_schema=False)
+async def list_input_items(
+    request: Request,
+    response_id: str,
+    after: str | None = None,
+    limit: int | None = None,
+    order: str = "desc",
+) -> dict[str, Any]:
+    include_param(request)
+    return await _stored(request).input_items(
+        owner_of(request), response_id, after=after, limit=limit, order=order
+    )

@@ -24,6 +24,7 @@ from openai.types.responses import (
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
     ResponseOutputMessage,
+    ResponseQueuedEvent,
     ResponseStreamEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
@@ -76,6 +77,7 @@ class ResponseEventMachine:
     error: dict[str, Any] | None = None
     incomplete_reason: str | None = None
     completed_at: int | None = None
+    generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
     _seq: int = 0
     _message: _OpenMessage | None = None
 
@@ -92,11 +94,20 @@ class ResponseEventMachine:
             "incomplete_details": (
                 {"reason": self.incomplete_reason} if self.incomplete_reason else None
             ),
-            "output": list(self.output),
+            "output": self._output_so_far(),
             "usage": self.usage.as_dict() if self.usage else None,
         }
         body.update(self.echo)
         return Response.model_validate(body)
+
+    def _output_so_far(self) -> list[dict[str, Any]]:
+        """Output items, with the text of a message still being written (a live poll)."""
+        output = list(self.output)
+        msg = self._message
+        if msg is not None:
+            part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+            output[msg.output_index] = {**output[msg.output_index], "content": [part]}
+        return output
 
     def _event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
         event = cls.model_validate({**fields, "sequence_number": self._seq})
@@ -105,12 +116,24 @@ class ResponseEventMachine:
 
     # -- transitions ----------------------------------------------------------------------
 
+    @property
+    def sequence_number(self) -> int:
+        """The number the next event will carry."""
+        return self._seq
+
     def start(self) -> list[ResponseStreamEvent]:
+        """`created` (+ `queued` for a background response, which starts out queued), then
+        `in_progress`."""
         snap = self.snapshot()
-        return [
-            self._event(ResponseCreatedEvent, type="response.created", response=snap),
-            self._event(ResponseInProgressEvent, type="response.in_progress", response=snap),
-        ]
+        events = [self._event(ResponseCreatedEvent, type="response.created", response=snap)]
+        if self.status == "queued":
+            events.append(self._event(ResponseQueuedEvent, type="response.queued", response=snap))
+            self.status = "in_progress"
+            snap = self.snapshot()
+        events.append(
+            self._event(ResponseInProgressEvent, type="response.in_progress", response=snap)
+        )
+        return events
 
     def _open_message(self) -> list[ResponseStreamEvent]:
         msg = _OpenMessage(new_id("msg"), len(self.output))

@@ -1,23 +1,29 @@
-"""`POST /v1/responses`: validate, translate, fit, generate, and drive the event machine."""
+"""`POST /v1/responses`: validate, resolve history, translate, fit, generate, drive the event
+machine, and persist the result."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
+from pydantic import BaseModel
 
 from respd.engines.base import ChatMessage, Engine, GenerationDone, SamplingParams, TokenChunk
 from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
+from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import INCLUDABLE, CreateResponseRequest
 from respd.service.context import fit_to_context
 from respd.service.events import ResponseEventMachine, Usage
+from respd.service.history import History, resolve_history
+from respd.service.items import normalize_items
 from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.translate import input_to_messages, require_effective_input
+from respd.store.base import JSON, ResponseRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +41,21 @@ class PreparedResponse:
     prompt_tokens: list[int]
     sampling: SamplingParams
     echo: dict[str, Any]
+    owner: str
+    input_items: list[JSON]  # this turn's input, normalised, with ids
+    history: History
+
+    @property
+    def stored(self) -> bool:
+        return self.request.store is not False
+
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def wire(model: BaseModel) -> JSON:
+    """The wire JSON of an SDK object (fields we set; nothing the SDK merely defaults)."""
+    return model.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
 def check_metadata(metadata: dict[str, str] | None) -> None:
@@ -84,17 +105,6 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
             f"text.format of type '{fmt.type}' is not supported by this server yet.",
             param="text.format",
         )
-    if req.previous_response_id is not None:
-        raise Unsupported(
-            "previous_response_id is not supported by this server yet.",
-            param="previous_response_id",
-        )
-    if req.conversation is not None:
-        raise Unsupported("conversation is not supported by this server yet.", param="conversation")
-    if req.background:
-        raise Unsupported(
-            "background responses are not supported by this server yet.", param="background"
-        )
     if req.prompt is not None:
         raise Unsupported("Stored prompt templates are not supported.", param="prompt")
     for value in req.include or []:
@@ -116,7 +126,10 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
 
 
 def build_echo(
-    req: CreateResponseRequest, sampling: SamplingParams, model_id: str
+    req: CreateResponseRequest,
+    sampling: SamplingParams,
+    model_id: str,
+    conversation_id: str | None = None,
 ) -> dict[str, Any]:
     """The request settings a Response object repeats, in OpenAI's field order."""
     text_format = (
@@ -126,6 +139,7 @@ def build_echo(
     )
     return {
         "background": bool(req.background),
+        "conversation": {"id": conversation_id} if conversation_id else None,
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": req.max_tool_calls,
@@ -158,19 +172,31 @@ def build_echo(
     }
 
 
+def _check_state_params(req: CreateResponseRequest) -> None:
+    if req.background and req.store is False:
+        raise InvalidRequest(
+            "Background responses must be stored: 'background' requires 'store' to be true.",
+            param="background",
+            code="invalid_value",
+        )
+
+
 class ResponsesService:
-    def __init__(self, engine: Engine, defaults: SamplingDefaults) -> None:
+    def __init__(self, engine: Engine, defaults: SamplingDefaults, store: Store) -> None:
         self.engine = engine
         self.defaults = defaults
+        self.store = store
 
     def check_model(self, model: str) -> None:
         if model != self.engine.model_id:
             raise model_not_found(model)
 
-    async def prepare(self, req: CreateResponseRequest) -> PreparedResponse:
+    async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
+        """Everything up to the first event; raises (and stores nothing) on a bad request."""
         self.check_model(req.model)
         check_metadata(req.metadata)
         _reject_unimplemented(req)
+        _check_state_params(req)
         sampling = build_sampling(
             defaults=self.defaults,
             temperature=req.temperature,
@@ -181,7 +207,15 @@ class ResponsesService:
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
         )
-        messages = input_to_messages(req.input, model_id=self.engine.model_id)
+        model_id = self.engine.model_id
+        turn = input_to_messages(req.input, model_id=model_id)
+        history = await resolve_history(
+            self.store,
+            owner,
+            previous_response_id=req.previous_response_id,
+            conversation=req.conversation,
+        )
+        messages = input_to_messages(history.items, model_id=model_id) + turn
         if req.instructions:
             messages.insert(0, ChatMessage("system", req.instructions))
         require_effective_input(messages)
@@ -192,13 +226,67 @@ class ResponsesService:
             reserve=req.max_output_tokens or 1,
             truncation=req.truncation or "disabled",
         )
+        echo = build_echo(req, sampling, model_id, history.conversation_id)
         return PreparedResponse(
-            req, messages, tokens, sampling, build_echo(req, sampling, self.engine.model_id)
+            req, messages, tokens, sampling, echo, owner, normalize_items(req.input), history
         )
+
+    def record(self, prepared: PreparedResponse, machine: ResponseEventMachine) -> ResponseRecord:
+        return ResponseRecord(
+            id=machine.id,
+            owner=prepared.owner,
+            created_at=machine.created_at,
+            status=machine.status,
+            background=bool(prepared.request.background),
+            response=wire(machine.snapshot()),
+            input_items=prepared.input_items,
+            previous_response_id=prepared.request.previous_response_id,
+            conversation_id=prepared.history.conversation_id,
+        )
+
+    async def persist(
+        self,
+        prepared: PreparedResponse,
+        machine: ResponseEventMachine,
+        events: list[JSON] | None = None,
+    ) -> None:
+        """Store a finished response, append its turn to its conversation, in one write.
+
+        `store: false` responses are not kept, but their turn still joins the conversation
+        (the conversation is the state the client asked to keep)."""
+        conv_id = prepared.history.conversation_id
+        conversation = (conv_id, prepared.input_items + machine.output) if conv_id else None
+        if prepared.stored:
+            await self.store.save_response(
+                self.record(prepared, machine), conversation=conversation, events=events
+            )
+        elif conversation is not None:
+            await self.store.add_conversation_items(prepared.owner, *conversation)
+
+    async def respond(
+        self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        """`run`, persisting the response before its terminal event leaves, so a client
+        that saw `response.completed` can retrieve or chain it at once. A client that
+        disconnects closes this iterator: the generation stops and nothing is stored."""
+        machine = machine or ResponseEventMachine(prepared.echo)
+        async for event in self.run(prepared, machine):
+            if event.type in TERMINAL_EVENTS:
+                await self.persist(prepared, machine)
+            yield event
+
+    async def count_input_tokens(self, body: InputTokensRequest, owner: str) -> int:
+        """The prompt `create` would send the engine for this body, counted exactly (the
+        same `prepare`, so it equals the created response's `usage.input_tokens`)."""
+        fields = body.model_dump(exclude_none=True, exclude={"personality"})
+        fields["model"] = body.model or self.engine.model_id
+        req = CreateResponseRequest.model_validate(fields)
+        prepared = await self.prepare(req, owner)
+        return len(prepared.prompt_tokens)
 
     async def run(
         self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
-    ) -> AsyncIterator[ResponseStreamEvent]:
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
         """Generate and yield every event; closing this iterator cancels the generation."""
         machine = machine or ResponseEventMachine(prepared.echo)
         for event in machine.start():
@@ -209,6 +297,7 @@ class ResponsesService:
             async with aclosing(generation):
                 async for chunk in generation:
                     if isinstance(chunk, TokenChunk):
+                        machine.generated_tokens += len(chunk.token_ids)
                         for event in machine.output_text(chunk.text):
                             yield event
                     else:

@@ -1,0 +1,107 @@
+"""Stored item shapes and list pages.
+
+Input items are stored in the shape `input_items.list` and conversation items return: every
+item has a stable `id`, a string input becomes a user message with one `input_text` part, and
+message content is always a list of typed parts. Replaying them through `translate.py` yields
+exactly the messages the original request produced, so a chained prompt is token-identical.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respd.protocol.errors import InvalidRequest
+from respd.service.ids import new_id
+
+JSON = dict[str, Any]
+
+_ID_PREFIX = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fc",
+    "reasoning": "rs",
+}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+DEFAULT_LIMIT = 20
+MAX_LIMIT = 100
+
+
+def _text_part(role: str, text: str) -> JSON:
+    if role == "assistant":
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {"type": "input_text", "text": text}
+
+
+def _parts(role: str, content: Any) -> list[JSON]:
+    if isinstance(content, str):
+        return [_text_part(role, content)]
+    parts: list[JSON] = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+            parts.append(_text_part(role, str(part.get("text", ""))))
+        else:
+            parts.append(dict(part))
+    return parts
+
+
+def normalize_items(items: str | list[JSON] | None) -> list[JSON]:
+    """Input (already validated by `translate.input_to_messages`) → stored items with ids."""
+    if items is None:
+        return []
+    if isinstance(items, str):
+        items = [{"type": "message", "role": "user", "content": items}]
+    stored: list[JSON] = []
+    seen: set[str] = set()
+    for raw in items:
+        item = dict(raw)
+        kind = item.setdefault("type", "message")
+        if kind == "message":
+            item["content"] = _parts(str(item.get("role")), item.get("content", []))
+            item.setdefault("status", "completed")
+        item_id = item.get("id")
+        if not isinstance(item_id, str) or not item_id or item_id in seen:
+            item["id"] = new_id(_ID_PREFIX.get(str(kind), "item"))
+        seen.add(item["id"])
+        stored.append(item)
+    return stored
+
+
+def check_page_params(limit: int | None, order: str | None) -> tuple[int, str]:
+    limit = DEFAULT_LIMIT if limit is None else limit
+    if not 1 <= limit <= MAX_LIMIT:
+        raise InvalidRequest(
+            f"Invalid 'limit': expected a value between 1 and {MAX_LIMIT}, got {limit}.",
+            param="limit",
+            code="invalid_value",
+        )
+    order = order or "desc"
+    if order not in ("asc", "desc"):
+        raise InvalidRequest(
+            f"Invalid 'order': expected 'asc' or 'desc', got {order!r}.",
+            param="order",
+            code="invalid_value",
+        )
+    return limit, order
+
+
+def page(items: list[JSON], *, after: str | None, limit: int | None, order: str | None) -> JSON:
+    """An OpenAI list object over `items` (stored oldest first), cursor = item id."""
+    limit, order = check_page_params(limit, order)
+    ordered = list(reversed(items)) if order == "desc" else list(items)
+    if after is not None:
+        ids = [i.get("id") for i in ordered]
+        if after not in ids:
+            raise InvalidRequest(
+                f"Invalid 'after': no item with id '{after}' in this list.",
+                param="after",
+                code="invalid_value",
+            )
+        ordered = ordered[ids.index(after) + 1 :]
+    data = ordered[:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(ordered) > limit,
+    }

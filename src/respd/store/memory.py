@@ -1,0 +1,255 @@
+"""In-memory store, bounded by entry count, approximate bytes and TTL (the seed's flags).
+
+Limits, per map (responses; conversations):
+- `max_entries`: 0 disables the map (nothing is kept); otherwise the oldest write is evicted
+  once there are more entries.
+- `max_bytes`: approximate JSON bytes retained; 0 keeps the routes working but evicts every
+  entry at once; otherwise the oldest writes are evicted until the total fits.
+- `ttl_secs`: an entry expires that long after its last write; 0 disables expiry.
+Nothing survives a restart: use the sqlite store for that.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Generic, TypeVar
+
+from respd.store.base import JSON, TERMINAL_STATUSES, ConversationRecord, ResponseRecord
+
+V = TypeVar("V")
+
+
+def _size(obj: object) -> int:
+    return len(json.dumps(obj, ensure_ascii=False, default=str))
+
+
+@dataclass
+class Limits:
+    max_entries: int
+    max_bytes: int
+    ttl_secs: float
+
+
+@dataclass
+class _Entry(Generic[V]):
+    value: V
+    size: int
+    written_at: float
+
+
+class BoundedMap(Generic[V]):
+    """An insertion-ordered map that evicts by the `Limits` above; a write moves a key last."""
+
+    def __init__(self, limits: Limits, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limits = limits
+        self.clock = clock
+        self._entries: OrderedDict[str, _Entry[V]] = OrderedDict()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._entries)
+
+    def _expire(self) -> None:
+        ttl = self.limits.ttl_secs
+        if ttl <= 0:
+            return
+        now = self.clock()
+        while self._entries:
+            key, entry = next(iter(self._entries.items()))
+            if now - entry.written_at <= ttl:
+                break
+            self.pop(key)
+
+    def _evict(self) -> None:
+        lim = self.limits
+        while self._entries and (
+            len(self._entries) > lim.max_entries or self.bytes > lim.max_bytes
+        ):
+            self.pop(next(iter(self._entries)))
+
+    def put(self, key: str, value: V, size: int) -> None:
+        self.pop(key)
+        if self.limits.max_entries <= 0:
+            return  # the map is disabled
+        self._entries[key] = _Entry(value, size, self.clock())
+        self.bytes += size
+        self._expire()
+        self._evict()
+
+    def resize(self, key: str, size: int) -> None:
+        """Account a grown value (e.g. items appended to a conversation) as a new write."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.put(key, entry.value, size)
+
+    def get(self, key: str) -> V | None:
+        self._expire()
+        entry = self._entries.get(key)
+        return entry.value if entry else None
+
+    def size_of(self, key: str) -> int:
+        entry = self._entries.get(key)
+        return entry.size if entry else 0
+
+    def pop(self, key: str) -> V | None:
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        self.bytes -= entry.size
+        return entry.value
+
+    def values(self) -> list[V]:
+        self._expire()
+        return [e.value for e in self._entries.values()]
+
+
+@dataclass
+class _StoredResponse:
+    record: ResponseRecord
+    events: list[JSON] = field(default_factory=list)
+
+
+@dataclass
+class _StoredConversation:
+    record: ConversationRecord
+    items: list[JSON] = field(default_factory=list)
+
+
+class MemoryStore:
+    def __init__(
+        self,
+        responses: Limits | None = None,
+        conversations: Limits | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.responses: BoundedMap[_StoredResponse] = BoundedMap(
+            responses or Limits(1024, 268435456, 3600), clock
+        )
+        self.conversations: BoundedMap[_StoredConversation] = BoundedMap(
+            conversations or Limits(256, 67108864, 3600), clock
+        )
+
+    # -- responses ------------------------------------------------------------------------
+
+    def _response_size(self, stored: _StoredResponse) -> int:
+        return stored.record.approx_bytes() + sum(_size(e) for e in stored.events)
+
+    async def save_response(
+        self,
+        record: ResponseRecord,
+        *,
+        conversation: tuple[str, list[JSON]] | None = None,
+        events: list[JSON] | None = None,
+    ) -> None:
+        old = self.responses.get(record.id)
+        stored = _StoredResponse(replace(record), list(old.events) if old else [])
+        stored.events.extend(events or [])
+        self.responses.put(record.id, stored, self._response_size(stored))
+        if conversation is not None:
+            conv = self.conversations.get(conversation[0])
+            if conv is not None and conv.record.owner == record.owner:
+                self._append_items(conv, conversation[1])
+
+    async def append_events(self, response_id: str, events: list[JSON]) -> None:
+        stored = self.responses.get(response_id)
+        if stored is not None:
+            stored.events.extend(events)
+            self.responses.resize(response_id, self._response_size(stored))
+
+    def _owned_response(self, owner: str, response_id: str) -> _StoredResponse | None:
+        stored = self.responses.get(response_id)
+        return stored if stored is not None and stored.record.owner == owner else None
+
+    async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None:
+        stored = self._owned_response(owner, response_id)
+        return replace(stored.record) if stored else None
+
+    async def delete_response(self, owner: str, response_id: str) -> bool:
+        if self._owned_response(owner, response_id) is None:
+            return False
+        self.responses.pop(response_id)
+        return True
+
+    async def read_events(self, owner: str, response_id: str, after: int) -> list[JSON]:
+        stored = self._owned_response(owner, response_id)
+        if stored is None:
+            return []
+        return [e for e in stored.events if e.get("sequence_number", -1) > after]
+
+    async def unfinished_responses(self) -> list[ResponseRecord]:
+        return [
+            replace(s.record)
+            for s in self.responses.values()
+            if s.record.status not in TERMINAL_STATUSES
+        ]
+
+    # -- conversations --------------------------------------------------------------------
+
+    def _conversation_size(self, conv: _StoredConversation) -> int:
+        return _size(conv.record.as_object()) + sum(_size(i) for i in conv.items)
+
+    def _append_items(self, conv: _StoredConversation, items: list[JSON]) -> None:
+        conv.items.extend(items)
+        self.conversations.resize(conv.record.id, self._conversation_size(conv))
+
+    def _owned_conversation(self, owner: str, conversation_id: str) -> _StoredConversation | None:
+        conv = self.conversations.get(conversation_id)
+        return conv if conv is not None and conv.record.owner == owner else None
+
+    async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None:
+        conv = _StoredConversation(replace(record), list(items))
+        self.conversations.put(record.id, conv, self._conversation_size(conv))
+
+    async def get_conversation(self, owner: str, conversation_id: str) -> ConversationRecord | None:
+        conv = self._owned_conversation(owner, conversation_id)
+        return replace(conv.record) if conv else None
+
+    async def update_conversation(
+        self, owner: str, conversation_id: str, metadata: dict[str, str]
+    ) -> ConversationRecord | None:
+        conv = self._owned_conversation(owner, conversation_id)
+        if conv is None:
+            return None
+        conv.record.metadata = dict(metadata)
+        self.conversations.resize(conversation_id, self._conversation_size(conv))
+        return replace(conv.record)
+
+    async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
+        if self._owned_conversation(owner, conversation_id) is None:
+            return False
+        self.conversations.pop(conversation_id)
+        return True
+
+    async def add_conversation_items(
+        self, owner: str, conversation_id: str, items: list[JSON]
+    ) -> bool:
+        conv = self._owned_conversation(owner, conversation_id)
+        if conv is None:
+            return False
+        self._append_items(conv, items)
+        return True
+
+    async def conversation_items(self, owner: str, conversation_id: str) -> list[JSON] | None:
+        conv = self._owned_conversation(owner, conversation_id)
+        return list(conv.items) if conv else None
+
+    async def delete_conversation_item(
+        self, owner: str, conversation_id: str, item_id: str
+    ) -> bool:
+        conv = self._owned_conversation(owner, conversation_id)
+        if conv is None:
+            return False
+        kept = [i for i in conv.items if i.get("id") != item_id]
+        if len(kept) == len(conv.items):
+            return False
+        conv.items = kept
+        self.conversations.resize(conversation_id, self._conversation_size(conv))
+        return True
+
+    async def close(self) -> None:
+        return None
