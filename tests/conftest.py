@@ -136,3 +136,15 @@ def stateful_server(
 @pytest.fixture()
 def sclient(stateful_server: RespdServer) -> openai.OpenAI:
     return stateful_server.client()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers started without --data-dir keep their state under tmp, never in ~/.local."""
+    previous = os.environ.get("RESPD_DATA_DIR")
+    os.environ["RESPD_DATA_DIR"] = str(tmp_path_factory.mktemp("respd-data"))
+    yield
+    if previous is None:
+        os.environ.pop("RESPD_DATA_DIR", None)
+    else:
+        os.environ["RESPD_DATA_DIR"] = previous

@@ -1,0 +1,111 @@
+"""State survives a restart on the same data dir (SIGTERM and SIGKILL), and a background
+job that was running when the process died comes back `failed`, never stuck in progress."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import RespdServer, start_server
+from tests.stateful import LONG_PROMPT, create, strict
+
+
+def _start(tmp_path: Path) -> RespdServer:
+    return start_server(
+        tmp_path, "--data-dir", str(tmp_path / "data"), "--ctx-size", "2048", "--threads", "2"
+    )
+
+
+def _kill(server: RespdServer, sig: signal.Signals) -> None:
+    server.process.send_signal(sig)
+    server.process.wait(timeout=30)
+
+
+def test_state_survives_sigterm_and_sigkill(tmp_path: Path) -> None:
+    first = _start(tmp_path)
+    client = first.client()
+    a = create(client, "My name is Ada.")
+    conv = client.conversations.create(metadata={"n": "1"})
+    create(client, "Hello.", conversation=conv.id)
+    _kill(first, signal.SIGTERM)
+    first.assert_no_5xx()
+
+    second = _start(tmp_path)
+    client = second.client()
+    assert strict(client.responses.retrieve(a.id)).model_dump() == a.model_dump()
+    b = create(client, "What is my name?", previous_response_id=a.id)
+    assert b.usage is not None and a.usage is not None
+    assert b.usage.input_tokens > a.usage.input_tokens  # A's turn was replayed
+    assert len(client.conversations.items.list(conv.id).data) == 2
+    running = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+    deadline = time.monotonic() + 60
+    while strict(client.responses.retrieve(running.id)).status == "queued":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    _kill(second, signal.SIGKILL)  # no chance to clean up
+
+    third = _start(tmp_path)
+    client = third.client()
+    for stored in (a, b):
+        assert strict(client.responses.retrieve(stored.id)).model_dump() == stored.model_dump()
+    c = create(client, "And where?", previous_response_id=b.id)
+    assert c.usage is not None and b.usage is not None
+    assert c.usage.input_tokens > b.usage.input_tokens
+    failed = strict(client.responses.retrieve(running.id))
+    assert failed.status == "failed" and failed.error is not None
+    assert "restarted" in failed.error.message
+    # Its event log ends with the failure, so a stream replay terminates.
+    events = list(client.responses.retrieve(running.id, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.failed"
+    _kill(third, signal.SIGTERM)
+    third.assert_no_5xx()
+
+
+def test_sigterm_during_background_job_stores_it_failed(tmp_path: Path) -> None:
+    server = _start(tmp_path)
+    client = server.client()
+    job = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+    _kill(server, signal.SIGTERM)
+    server.assert_no_5xx()
+    again = _start(tmp_path)
+    try:
+        got = strict(again.client().responses.retrieve(job.id))
+        assert got.status == "failed" and got.error is not None
+    finally:
+        again.stop()
+
+
+def test_postgres_url_is_a_clear_startup_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "respd", "serve", "--store", "postgres://db/respd"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "not supported yet" in result.stderr
+
+
+def test_store_isolated_by_data_dir(tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path, "--store", "sqlite:///custom.db", "--data-dir", str(tmp_path / "d")
+    )
+    try:
+        created = create(server.client())
+        assert (tmp_path / "d" / "custom.db").is_file()
+        assert strict(server.client().responses.retrieve(created.id)).id == created.id
+    finally:
+        server.stop()
+    (tmp_path / "elsewhere").mkdir()
+    other = _start(tmp_path / "elsewhere")
+    try:
+        with pytest.raises(openai.NotFoundError):
+            other.client().responses.retrieve(created.id)
+    finally:
+        other.stop()
