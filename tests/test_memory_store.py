@@ -245,3 +245,19 @@ def test_sqlite_write_is_all_or_nothing(tmp_path: Path) -> None:
         await store.close()
 
     _run(go())
+
+
+def test_finished_record_is_never_replaced_by_unfinished(any_store: Store) -> None:
+    """A late progress write (racing a cancellation) cannot resurrect a finished job."""
+
+    async def go() -> None:
+        await any_store.save_response(_record("r", status="cancelled"))
+        await any_store.save_response(_record("r", status="in_progress"))
+        got = await any_store.get_response("anon", "r")
+        assert got is not None and got.status == "cancelled"
+        await any_store.save_response(_record("r", status="failed"))
+        got = await any_store.get_response("anon", "r")
+        assert got is not None and got.status == "failed"
+        await any_store.close()
+
+    _run(go())

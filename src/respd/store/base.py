@@ -69,8 +69,9 @@ class Store(Protocol):
         conversation: tuple[str, list[JSON]] | None = None,
         events: list[JSON] | None = None,
     ) -> None:
-        """Insert or replace `record`; in the same transaction append `conversation=(id,
-        items)` to that conversation (skipped if it is gone) and `events` to its event log."""
+        """Insert or replace `record` (a finished record is never replaced by an unfinished
+        one); in the same transaction append `conversation=(id, items)` to that conversation
+        (skipped if it is gone) and `events` to its event log."""
         ...
 
     async def append_events(self, response_id: str, events: list[JSON]) -> None:

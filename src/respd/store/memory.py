@@ -147,6 +147,12 @@ class MemoryStore:
         events: list[JSON] | None = None,
     ) -> None:
         old = self.responses.get(record.id)
+        if (
+            old
+            and old.record.status in TERMINAL_STATUSES
+            and record.status not in TERMINAL_STATUSES
+        ):
+            record = old.record  # finished stays finished (see SqliteStore.save_response)
         stored = _StoredResponse(replace(record), list(old.events) if old else [])
         stored.events.extend(events or [])
         self.responses.put(record.id, stored, self._response_size(stored))

@@ -94,9 +94,15 @@ class SqliteStore:
         )
 
         def write(conn: sqlite3.Connection) -> None:
+            # A finished record is never overwritten by an unfinished one, whatever order
+            # two racing writes (a job's progress and its cancellation) reach the file in.
             conn.execute(
-                f"INSERT OR REPLACE INTO responses ({_RESPONSE_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO responses ({_RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET status = excluded.status, "
+                "response = excluded.response, input_items = excluded.input_items, "
+                "conversation_id = excluded.conversation_id "
+                "WHERE responses.status IN ('queued', 'in_progress') "
+                "OR excluded.status NOT IN ('queued', 'in_progress')",
                 row,
             )
             if conversation is not None:
