@@ -1,32 +1,33 @@
-"""Helpers for the store/chaining/background tests: strict validation with the SDK's types."""
+"""Helpers for the store/chaining/background tests, built on `tests/sdk_types.py`."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+import httpx
+from openai.types.responses import Response
 
+from tests import sdk_types
 from tests.conftest import MODEL_ID
 
-EVENT = TypeAdapter(ResponseStreamEvent)
+LONG_PROMPT = "Count from 1 to 1000, separated by commas."
 
 
 def strict(response: Any) -> Response:
-    """Re-validate an SDK object (built leniently by the SDK) as a strict `Response`."""
-    data = response if isinstance(response, dict) else response.to_dict()
-    return Response.model_validate(data)
+    """Strictly re-validate an SDK object (the SDK builds them leniently) as a `Response`."""
+    return sdk_types.strict_response(response if isinstance(response, dict) else response.to_dict())
 
 
 def strict_event(event: Any) -> Any:
-    data = event if isinstance(event, dict) else event.to_dict()
-    return EVENT.validate_python(data)
+    return sdk_types.strict_event(event if isinstance(event, dict) else event.to_dict())
 
 
-def create(client: Any, text: str = "Say hi.", **kw: Any) -> Response:
+def create(client: Any, text: Any = "Say hi.", **kw: Any) -> Response:
     kw.setdefault("max_output_tokens", 6)
     kw.setdefault("temperature", 0)
     return strict(client.responses.create(model=MODEL_ID, input=text, **kw))
 
 
-LONG_PROMPT = "Count from 1 to 1000, separated by commas."
+def engine_stats(base_url: str) -> dict[str, int]:
+    stats: dict[str, int] = httpx.get(base_url + "/health", timeout=10).json()["engine"]
+    return stats

@@ -9,8 +9,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.conftest import MODEL_ID
-from tests.stateful import LONG_PROMPT, create, strict, strict_event
+from tests.conftest import MODEL_ID, RespdServer
+from tests.stateful import LONG_PROMPT, create, engine_stats, strict, strict_event
 
 TERMINAL = {"completed", "incomplete", "failed", "cancelled"}
 
@@ -35,7 +35,10 @@ def test_background_poll_to_completion(sclient: openai.OpenAI) -> None:
     assert strict(sclient.responses.cancel(done.id)).model_dump() == done.model_dump()
 
 
-def test_background_cancel_stops_generation(sclient: openai.OpenAI) -> None:
+def test_background_cancel_stops_generation(
+    sclient: openai.OpenAI, stateful_server: RespdServer
+) -> None:
+    before = engine_stats(stateful_server.base_url)
     queued = create(sclient, LONG_PROMPT, background=True, max_output_tokens=1500)
     running = _poll(sclient, queued.id, lambda r: len(r.output_text) > 10)
     assert running.status == "in_progress"
@@ -43,11 +46,16 @@ def test_background_cancel_stops_generation(sclient: openai.OpenAI) -> None:
     assert cancelled.status == "cancelled"
     assert cancelled.output_text.startswith(running.output_text)
     assert cancelled.usage is not None and 0 < cancelled.usage.output_tokens < 1500
-    # The generation really stopped: the engine is free at once and nothing changes later.
-    started = time.monotonic()
-    create(sclient, "Hi.", max_output_tokens=2)
-    assert time.monotonic() - started < 30
+    # The generation really stopped: the engine counted a cancellation, runs nothing, and
+    # produces no more tokens; the stored response never changes again.
+    stats = engine_stats(stateful_server.base_url)
+    deadline = time.monotonic() + 30
+    while stats["running"] or stats["cancelled"] == before["cancelled"]:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.05)
+        stats = engine_stats(stateful_server.base_url)
     time.sleep(0.5)
+    assert engine_stats(stateful_server.base_url)["generated_tokens"] == stats["generated_tokens"]
     later = strict(sclient.responses.retrieve(queued.id))
     assert later.model_dump() == cancelled.model_dump()
     assert strict(sclient.responses.cancel(queued.id)).status == "cancelled"

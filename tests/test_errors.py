@@ -69,9 +69,6 @@ def test_blank_input_with_instructions_passes(http: httpx.Client) -> None:
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-        ({"previous_response_id": "resp_x"}, "previous_response_id"),
-        ({"conversation": "conv_x"}, "conversation"),
-        ({"background": True}, "background"),
         ({"top_logprobs": 3}, "top_logprobs"),
         (
             {"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}]},

@@ -3,7 +3,8 @@ input items and input token counts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -38,10 +39,13 @@ def _stored(request: Request) -> StoredResponses:
     return stored
 
 
-def _sse(events: AsyncIterator[dict[str, Any]]) -> EventStreamResponse:
+def _sse(events: AsyncGenerator[dict[str, Any], None]) -> EventStreamResponse:
+    """SSE frames of `events`; closing the response closes `events` at once."""
+
     async def frames() -> AsyncIterator[bytes]:
-        async for event in events:
-            yield sse_frame(event, event["type"])
+        async with aclosing(events):
+            async for event in events:
+                yield sse_frame(event, event["type"])
 
     return EventStreamResponse(frames())
 
@@ -67,9 +71,10 @@ async def create_response(request: Request) -> Response:
         return JSONResponse(dump(job.machine.snapshot()))
     if body.stream:
 
-        async def events() -> AsyncIterator[dict[str, Any]]:
-            async for event in service.respond(prepared):
-                yield dump(event)
+        async def events() -> AsyncGenerator[dict[str, Any], None]:
+            async with aclosing(service.respond(prepared)) as stream:
+                async for event in stream:
+                    yield dump(event)
 
         return _sse(events())
     machine = await until_disconnect(request, _collect(service, prepared))

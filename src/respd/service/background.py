@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -58,7 +58,7 @@ class Job:
     def _ready(self, index: int) -> bool:
         return len(self.events) > index or self.done
 
-    async def follow(self, after: int) -> AsyncIterator[JSON]:
+    async def follow(self, after: int) -> AsyncGenerator[JSON, None]:
         """Every event with `sequence_number > after`, then live ones until the job ends."""
         index = 0
         while True:

@@ -270,10 +270,11 @@ class ResponsesService:
         that saw `response.completed` can retrieve or chain it at once. A client that
         disconnects closes this iterator: the generation stops and nothing is stored."""
         machine = machine or ResponseEventMachine(prepared.echo)
-        async for event in self.run(prepared, machine):
-            if event.type in TERMINAL_EVENTS:
-                await self.persist(prepared, machine)
-            yield event
+        async with aclosing(self.run(prepared, machine)) as events:
+            async for event in events:
+                if event.type in TERMINAL_EVENTS:
+                    await self.persist(prepared, machine)
+                yield event
 
     async def count_input_tokens(self, body: InputTokensRequest, owner: str) -> int:
         """The prompt `create` would send the engine for this body, counted exactly (the

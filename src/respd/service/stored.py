@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from respd.protocol.errors import InvalidRequest, NotFound
 from respd.service.background import BackgroundJobs
@@ -59,7 +60,7 @@ class StoredResponses:
 
     async def open_stream(
         self, owner: str, response_id: str, starting_after: int | None
-    ) -> AsyncIterator[JSON]:
+    ) -> AsyncGenerator[JSON, None]:
         """Check the id now (so a bad one is a plain 404), then replay its events."""
         record = await self._record(owner, response_id)
         if not record.background:
@@ -70,13 +71,16 @@ class StoredResponses:
             )
         return self._replay(owner, record, -1 if starting_after is None else starting_after)
 
-    async def _replay(self, owner: str, record: ResponseRecord, after: int) -> AsyncIterator[JSON]:
+    async def _replay(
+        self, owner: str, record: ResponseRecord, after: int
+    ) -> AsyncGenerator[JSON, None]:
         # A job leaves the registry only after its last event is stored: one of the two
         # sources below always holds the whole stream.
         job = self.jobs.live(owner, record.id)
         if job is not None:
-            async for event in job.follow(after):
-                yield event
+            async with aclosing(job.follow(after)) as live:
+                async for event in live:
+                    yield event
             return
         for event in await self.store.read_events(owner, record.id, after):
             yield event
