@@ -109,3 +109,30 @@ def test_store_isolated_by_data_dir(tmp_path: Path) -> None:
             other.client().responses.retrieve(created.id)
     finally:
         other.stop()
+
+
+def test_memory_store_flags_reach_the_server(tmp_path: Path) -> None:
+    server = start_server(
+        tmp_path,
+        "--store",
+        "memory",
+        "--responses-store-max-entries",
+        "1",
+        "--conversation-store-max-entries",
+        "0",
+        "--threads",
+        "2",
+    )
+    try:
+        client = server.client()
+        first = create(client)
+        second = create(client)
+        assert strict(client.responses.retrieve(second.id)).id == second.id
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(first.id)  # evicted: one entry kept
+        conv = client.conversations.create()
+        with pytest.raises(openai.NotFoundError):
+            create(client, conversation=conv.id)  # conversations are disabled
+    finally:
+        server.stop()
+    server.assert_no_5xx()
