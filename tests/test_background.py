@@ -117,3 +117,29 @@ def test_stream_replay_needs_a_background_response(sclient: openai.OpenAI) -> No
         list(sclient.responses.retrieve(plain.id, stream=True))
     with pytest.raises(openai.NotFoundError):
         list(sclient.responses.retrieve("resp_nope", stream=True))
+
+
+def test_deleting_a_running_job_stops_it(
+    sclient: openai.OpenAI, stateful_server: RespdServer
+) -> None:
+    queued = create(sclient, LONG_PROMPT, background=True, max_output_tokens=1500)
+    _poll(sclient, queued.id, lambda r: len(r.output_text) > 0)
+    sclient.responses.delete(queued.id)
+    with pytest.raises(openai.NotFoundError):
+        sclient.responses.retrieve(queued.id)
+    deadline = time.monotonic() + 30
+    while engine_stats(stateful_server.base_url)["running"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(0.3)  # nothing writes it back once the job has wound down
+    with pytest.raises(openai.NotFoundError):
+        sclient.responses.retrieve(queued.id)
+
+
+def test_background_turn_joins_its_conversation(sclient: openai.OpenAI) -> None:
+    conv = sclient.conversations.create()
+    queued = create(sclient, "Hello.", background=True, conversation=conv.id)
+    done = _poll(sclient, queued.id, lambda r: r.status in TERMINAL)
+    items = sclient.conversations.items.list(conv.id, order="asc").data
+    assert [i.id for i in items][-1] == done.output[0].id
+    assert len(items) == 2
