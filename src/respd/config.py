@@ -63,13 +63,24 @@ class Settings(BaseSettings):
         description="Model id clients send and /v1/models lists. Default: derived from the file "
         "name (e.g. smollm2-135m-instruct).",
     )
-    ctx_size: int = Field(4096, ge=64, description="Context window in tokens.")
+    ctx_size: int = Field(
+        4096,
+        ge=64,
+        description="Context window of each request in tokens (the KV cache holds "
+        "ctx-size x parallel tokens, shared between slots).",
+    )
     threads: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1),
         ge=1,
         description="CPU threads for generation. Default: all cores.",
     )
     batch_size: int = Field(512, ge=1, description="Prompt tokens evaluated per decode call.")
+    parallel: int = Field(
+        4, ge=1, le=64, description="Sequences decoded together in one batch (slots)."
+    )
+    max_queue: int = Field(
+        64, ge=0, description="Requests that may wait for a free slot; beyond it: 503."
+    )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file overriding the one in the GGUF."
     )

@@ -31,11 +31,14 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
             n_ctx=settings.ctx_size,
             n_threads=settings.threads,
             n_batch=settings.batch_size,
+            parallel=settings.parallel,
+            max_queue=settings.max_queue,
             chat_template=template,
         )
     console.print(
         f"Loaded {path.name} in {time.monotonic() - started:.1f}s "
-        f"(context {engine.context_window} tokens, {settings.threads} threads)"
+        f"(context {engine.context_window} tokens, {settings.parallel} slots, "
+        f"{settings.threads} threads)"
     )
     return engine
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -33,17 +34,20 @@ async def chat_completions(request: Request) -> Response:
         result = await until_disconnect(request, _complete(service, prepared))
         return JSONResponse(dump(service.completion(prepared, result)))
 
+    stream = service.generate(prepared)  # admission errors (503) surface before any SSE
+
     async def frames() -> AsyncIterator[bytes]:
         yield sse_frame(dump(service.chunk(prepared, delta={"role": "assistant", "content": ""})))
-        async for item in service.generate(prepared):
-            if isinstance(item, ChatResult):
-                yield sse_frame(
-                    dump(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))
-                )
-                if prepared.include_usage:
-                    yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
-            else:
-                yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
+        async with aclosing(stream):
+            async for item in stream:
+                if isinstance(item, ChatResult):
+                    yield sse_frame(
+                        dump(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))
+                    )
+                    if prepared.include_usage:
+                        yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
+                else:
+                    yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
         yield sse_frame("[DONE]")
 
     return EventStreamResponse(frames())

@@ -70,9 +70,10 @@ async def create_response(request: Request) -> Response:
             return _sse(job.follow(after=-1))
         return JSONResponse(dump(job.machine.snapshot()))
     if body.stream:
+        stream = service.respond(prepared)  # admission errors (503) surface before any SSE
 
         async def events() -> AsyncGenerator[dict[str, Any], None]:
-            async with aclosing(service.respond(prepared)) as stream:
+            async with aclosing(stream):
                 async for event in stream:
                     yield dump(event)
 

@@ -5,7 +5,7 @@ An engine knows models, templates and tokens; it knows nothing of the Responses 
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -66,6 +66,20 @@ class EngineStats:
     generated_tokens: int = 0
 
 
+class GenerationStream(Protocol):
+    """Async iterator of one request's events; `aclose()` cancels the request."""
+
+    def __aiter__(self) -> GenerationStream: ...
+
+    async def __anext__(self) -> GenerationEvent: ...
+
+    async def aclose(self) -> None: ...
+
+
+class EngineBusy(Exception):
+    """Every slot and the whole queue are taken: the caller should retry later."""
+
+
 class Engine(Protocol):
     """A loaded model that renders, tokenizes and generates."""
 
@@ -79,9 +93,11 @@ class Engine(Protocol):
     def tokenize(self, prompt: str) -> list[int]: ...
 
     def generate(
-        self, prompt_tokens: list[int], params: SamplingParams
-    ) -> AsyncGenerator[GenerationEvent, None]:
-        """Stream generated text; closing the iterator early cancels the generation."""
+        self, prompt_tokens: list[int], params: SamplingParams, *, cache_key: str | None = None
+    ) -> GenerationStream:
+        """Admit a request at once (raising `EngineBusy` when full) and return its stream of
+        generated text; closing the stream early cancels the generation. `cache_key` steers
+        requests that share a prompt prefix to the same cache slot."""
         ...
 
     def stats(self) -> EngineStats: ...

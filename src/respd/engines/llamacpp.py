@@ -1,68 +1,105 @@
-"""The default engine: GGUF models through llama-cpp-python, on the CPU.
+"""The default engine: GGUF models through llama.cpp, with continuous batching.
 
-One llama.cpp context serves requests one at a time from a FIFO queue on a dedicated worker
-thread, so the event loop never blocks on a decode. Requests that arrive together are all
-served, in arrival order. Closing a generation's iterator (a client went away) sets its
-cancel flag, which the worker checks between tokens; a job cancelled while still queued
-never starts.
+One llama.cpp context holds `parallel` sequences in a unified KV cache. A worker thread runs
+the decode loop: every step it puts one token of each generating sequence, plus a chunk of
+any prompt still being prefilled, into a single batch, decodes it, and samples each sequence
+with its own sampler chain. New requests join at the next step; a finished or cancelled
+sequence frees its slot at once. Prompts reuse the longest prefix any slot holds (see
+`slots.py`). The event loop never blocks on a decode: results cross to it through
+`call_soon_threadsafe`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import ctypes
 import logging
-import queue
 import random
 import threading
-from collections.abc import AsyncGenerator, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import llama_cpp
+from llama_cpp import _internals as internals
+from llama_cpp._logger import set_verbose as set_llama_verbose
 
 from respd.engines.base import (
     ChatMessage,
+    EngineBusy,
     EngineStats,
     FinishReason,
     GenerationDone,
     GenerationEvent,
+    GenerationStream,
     SamplingParams,
     TokenChunk,
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
+from respd.engines.slots import Slot, place
 
 log = logging.getLogger(__name__)
 
 # Special tokens that end an assistant turn in the common template families; each counts
-# as a stop token when the model's vocabulary has it as a single token and its template
-# uses it.
+# as a stop token when the vocabulary has it as a single token and the template uses it.
 _END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
-    prompt_tokens: list[int]
+    prompt: list[int]
     params: SamplingParams
+    cache_key: str | None
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[GenerationEvent]
     cancel: threading.Event = field(default_factory=threading.Event)
+    # Set by the worker while the job runs:
+    slot: Slot | None = None
+    sampler: ctypes.c_void_p | None = None
+    cached: int = 0
+    fed: int = 0  # prompt tokens decoded so far (including the reused prefix)
+    produced: int = 0
+    limit: int = 0
+    next_token: int | None = None  # sampled, not yet decoded
+    decoder: codecs.IncrementalDecoder = field(
+        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
+    )
 
     def emit(self, event: GenerationEvent) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, event)
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+class _JobStream:
+    """The events of one job. Closing it, or dropping it unread, cancels the job."""
+
+    def __init__(self, job: _Job, release: Callable[[_Job], None]) -> None:
+        self._job = job
+        self._release = release
+        self._done = False
+
+    def __aiter__(self) -> _JobStream:
+        return self
+
+    async def __anext__(self) -> GenerationEvent:
+        if self._done:
+            raise StopAsyncIteration
+        event = await self._job.out.get()
+        if isinstance(event, GenerationDone):
+            self._done = True
+        return event
+
+    async def aclose(self) -> None:
+        self._done = True
+        self._release(self._job)
+
+    def __del__(self) -> None:
+        self._job.cancel.set()
 
 
 class LlamaCppEngine:
-    """A GGUF model loaded in-process."""
+    """A GGUF model loaded in-process, serving up to `parallel` sequences at once."""
 
     def __init__(
         self,
@@ -72,56 +109,73 @@ class LlamaCppEngine:
         n_ctx: int = 4096,
         n_threads: int = 2,
         n_batch: int = 512,
+        parallel: int = 4,
+        max_queue: int = 64,
         chat_template: str | None = None,
         top_k: int = 40,
         min_p: float = 0.05,
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
-        self._llama = llama_cpp.Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            n_threads_batch=n_threads,
-            n_batch=min(n_batch, n_ctx),
-            verbose=False,
-        )
-        self.context_window = self._llama.n_ctx()
+        self.parallel = parallel
+        self.max_queue = max_queue
         self._top_k = top_k
         self._min_p = min_p
-        self._model = self._llama._model
-        meta = self._llama.metadata
+        set_llama_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own chatter
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        self._model = internals.LlamaModel(
+            path_model=str(model_path), params=mparams, verbose=False
+        )
+        self.context_window = n_ctx
+        self._n_batch = max(1, min(n_batch, n_ctx))
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx * parallel  # every sequence may use its full window
+        cparams.n_batch = self._n_batch
+        cparams.n_ubatch = self._n_batch
+        cparams.n_seq_max = parallel
+        cparams.kv_unified = True  # prefixes can be shared between sequences
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
+        self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
+        self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
+        self._vocab = self._model.vocab
+        meta = self._model.metadata()
         source = chat_template or meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
         self.template = ChatTemplate(
             source,
-            bos_token=self._token_text(self._llama.token_bos()),
-            eos_token=self._token_text(self._llama.token_eos()),
+            bos_token=self._token_text(self._model.token_bos()),
+            eos_token=self._token_text(self._model.token_eos()),
         )
         self._stop_ids = self._end_of_turn_ids(source)
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._slots = [Slot(i) for i in range(parallel)]
+        self._pending: deque[_Job] = deque()
+        self._admitted = 0  # jobs accepted and not yet finished (running + queued)
+        self._lock = threading.Condition()
+        self._closing = False
+        self._step = 0
         self._stats = EngineStats()
-        self._worker = threading.Thread(target=self._work, name="llamacpp-worker", daemon=True)
+        self._worker = threading.Thread(target=self._work, name="llamacpp-batch", daemon=True)
         self._worker.start()
 
     # -- rendering and tokens -------------------------------------------------------------
 
     def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._model.token_get_text(token)
+        return self._model.token_get_text(token) if token >= 0 else ""
 
     def _end_of_turn_ids(self, template_source: str) -> frozenset[int]:
-        ids = {self._llama.token_eos()}
+        ids = {self._model.token_eos()}
         for marker in _END_OF_TURN_MARKERS:
-            if marker not in template_source:
-                continue
-            toks = self._llama.tokenize(marker.encode(), add_bos=False, special=True)
-            if len(toks) == 1:
-                ids.add(toks[0])
+            if marker in template_source:
+                toks = self.tokenize(marker)
+                if len(toks) == 1:
+                    ids.add(toks[0])
         return frozenset(t for t in ids if t >= 0)
 
     def _is_stop(self, token: int) -> bool:
-        return token in self._stop_ids or llama_cpp.llama_vocab_is_eog(self._model.vocab, token)
+        return token in self._stop_ids or bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     def render_prompt(
         self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
@@ -134,111 +188,221 @@ class LlamaCppEngine:
     def tokenize(self, prompt: str) -> list[int]:
         # The rendered template already carries any BOS it wants; special tokens in it
         # (e.g. <|im_start|>) must map to their ids.
-        return self._llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
-
-    # -- generation -----------------------------------------------------------------------
-
-    async def generate(
-        self, prompt_tokens: list[int], params: SamplingParams
-    ) -> AsyncGenerator[GenerationEvent, None]:
-        loop = asyncio.get_running_loop()
-        job = _Job(list(prompt_tokens), params, loop, asyncio.Queue())
-        self._jobs.put(job)
-        try:
-            while True:
-                event = await job.out.get()
-                yield event
-                if isinstance(event, GenerationDone):
-                    return
-        finally:
-            job.cancel.set()
+        return self._model.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
     def stats(self) -> EngineStats:
-        return replace(self._stats, queued=self._jobs.qsize())
+        with self._lock:
+            running = sum(1 for s in self._slots if not s.free)
+            return replace(self._stats, running=running, queued=len(self._pending))
+
+    # -- admission ------------------------------------------------------------------------
+
+    def generate(
+        self, prompt_tokens: list[int], params: SamplingParams, *, cache_key: str | None = None
+    ) -> GenerationStream:
+        """Admit a request now (raising `EngineBusy` when slots and queue are full) and
+        return its event stream; closing the stream cancels the request."""
+        job = _Job(
+            list(prompt_tokens), params, cache_key, asyncio.get_running_loop(), asyncio.Queue()
+        )
+        with self._lock:
+            if self._closing:
+                raise EngineBusy("the engine is shutting down")
+            if self._admitted >= self.parallel + self.max_queue:
+                raise EngineBusy(
+                    f"all {self.parallel} slots are busy and {len(self._pending)} requests "
+                    "are queued"
+                )
+            self._admitted += 1
+            self._pending.append(job)
+            self._lock.notify()
+        return _JobStream(job, self._release)
+
+    def _release(self, job: _Job) -> None:
+        if not job.cancel.is_set():
+            job.cancel.set()
+            with self._lock:
+                self._lock.notify()
+
+    # -- the decode loop ------------------------------------------------------------------
 
     def _work(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            self._stats.running = 1
+            with self._lock:
+                while not self._closing and not self._pending and all(s.free for s in self._slots):
+                    self._lock.wait()
+                if self._closing:
+                    return
+                self._admit_pending()
             try:
-                self._run(job)
-            except Exception as exc:  # a failed job must not kill the worker
-                log.exception("generation failed")
-                job.emit(GenerationDone("error", len(job.prompt_tokens), 0, error=str(exc)))
-            finally:
-                self._stats.running = 0
+                self._step_once()
+            except Exception as exc:  # a broken step fails its jobs, never the worker
+                log.exception("decode step failed")
+                for slot in self._slots:
+                    if slot.job is not None:
+                        self._finish(slot.job, "error", error=str(exc))
+                        slot.tokens = []
+                llama_cpp.llama_memory_clear(self._mem, True)
 
-    def _run(self, job: _Job) -> None:
-        llama = self._llama
-        prompt = job.prompt_tokens
-        if job.cancel.is_set():
-            self._stats.cancelled += 1
-            job.emit(GenerationDone("cancelled", len(prompt), 0))
+    def _admit_pending(self) -> None:
+        """Move queued jobs into free slots (called with the lock held)."""
+        while self._pending:
+            job = self._pending[0]
+            if job.cancel.is_set():
+                self._pending.popleft()
+                self._finish(job, "cancelled", locked=True)
+                continue
+            placement = place(self._slots, job.prompt, job.cache_key)
+            if placement is None:
+                return
+            self._pending.popleft()
+            slot = placement.slot
+            seq = slot.seq_id
+            if placement.copy_from is not None:
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+                llama_cpp.llama_memory_seq_cp(
+                    self._mem, placement.copy_from.seq_id, seq, 0, placement.reuse
+                )
+            else:
+                llama_cpp.llama_memory_seq_rm(self._mem, seq, placement.reuse, -1)
+            slot.tokens = job.prompt[: placement.reuse]
+            slot.job = job
+            slot.cache_key = job.cache_key
+            job.slot = slot
+            job.cached = placement.reuse
+            job.fed = placement.reuse
+            room = self.context_window - len(job.prompt)
+            job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
+            job.sampler = self._make_sampler(job.params)
+
+    def _make_sampler(self, p: SamplingParams) -> ctypes.c_void_p:
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        add = llama_cpp.llama_sampler_chain_add
+        if p.presence_penalty or p.frequency_penalty:
+            add(
+                chain,
+                llama_cpp.llama_sampler_init_penalties(
+                    64, 1.0, p.frequency_penalty, p.presence_penalty
+                ),
+            )
+        if p.temperature <= 0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            add(chain, llama_cpp.llama_sampler_init_top_k(self._top_k))
+            add(chain, llama_cpp.llama_sampler_init_top_p(p.top_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_min_p(self._min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(p.temperature))
+            add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        return chain
+
+    def _step_once(self) -> None:
+        """Decode one batch: a token per generating sequence plus prompt chunks."""
+        batch = self._batch
+        n = 0
+        sample_at: list[tuple[_Job, int]] = []
+        running = [s.job for s in self._slots if s.job is not None]
+        for job in running:
+            if job.cancel.is_set():
+                self._finish(job, "cancelled")
+        running = [s.job for s in self._slots if s.job is not None]
+        # Generating sequences first: each needs exactly one position this step.
+        for job in running:
+            if job.next_token is not None:
+                assert job.slot is not None
+                self._batch_add(n, job.next_token, len(job.slot.tokens), job.slot.seq_id, True)
+                job.slot.tokens.append(job.next_token)
+                job.next_token = None
+                sample_at.append((job, n))
+                n += 1
+        # Then prompt chunks in the room left, oldest request first.
+        for job in running:
+            if job.fed >= len(job.prompt) or n >= self._n_batch:
+                continue
+            assert job.slot is not None
+            take = min(len(job.prompt) - job.fed, self._n_batch - n)
+            for i in range(take):
+                pos = job.fed + i
+                last = pos == len(job.prompt) - 1
+                self._batch_add(n, job.prompt[pos], pos, job.slot.seq_id, last)
+                if last:
+                    sample_at.append((job, n))
+                n += 1
+            job.slot.tokens.extend(job.prompt[job.fed : job.fed + take])
+            job.fed += take
+        if n == 0:
             return
-        held = list(llama._input_ids[: llama.n_tokens])
-        # llama.cpp re-evaluates at least the last prompt token to get fresh logits.
-        cached = min(_common_prefix(held, prompt), max(len(prompt) - 1, 0))
-        self._prefill_all_but_last(prompt, cached)
-        p = job.params
-        llama.set_seed(p.seed if p.seed is not None else random.getrandbits(32))
-        room = self.context_window - len(prompt)
-        limit = room if p.max_tokens is None else min(p.max_tokens, room)
-        finish: FinishReason = "length"
-        produced = 0
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        if limit > 0:
-            for token in llama.generate(
-                prompt,
-                temp=p.temperature,
-                top_p=p.top_p,
-                top_k=self._top_k,
-                min_p=self._min_p,
-                repeat_penalty=1.0,
-                presence_penalty=p.presence_penalty,
-                frequency_penalty=p.frequency_penalty,
-            ):
-                if job.cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if self._is_stop(token):
-                    finish = "stop"
-                    break
-                produced += 1
-                text = decoder.decode(self._model.detokenize([token], special=False))
-                job.emit(TokenChunk(text, [token]))
-                if produced >= limit:
-                    break
-        tail = decoder.decode(b"", final=True)
+        batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+        self._step += 1
+        for job, idx in sample_at:
+            self._sample(job, idx)
+
+    def _batch_add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+        b = self._batch
+        b.token[i] = token
+        b.pos[i] = pos
+        b.n_seq_id[i] = 1
+        b.seq_id[i][0] = seq
+        b.logits[i] = logits
+
+    def _sample(self, job: _Job, idx: int) -> None:
+        if job.cancel.is_set():
+            self._finish(job, "cancelled")
+            return
+        if job.limit <= 0:
+            self._finish(job, "length")
+            return
+        token = llama_cpp.llama_sampler_sample(job.sampler, self._ctx.ctx, idx)
+        if self._is_stop(token):
+            self._finish(job, "stop")
+            return
+        job.produced += 1
+        self._stats.generated_tokens += 1
+        piece = self._model.detokenize([token], special=False)
+        job.emit(TokenChunk(job.decoder.decode(piece), [token]))
+        if job.produced >= job.limit:
+            self._finish(job, "length")
+        else:
+            job.next_token = token
+
+    def _finish(
+        self,
+        job: _Job,
+        reason: FinishReason,
+        *,
+        error: str | None = None,
+        locked: bool = False,
+    ) -> None:
+        tail = job.decoder.decode(b"", final=True)
         if tail:
             job.emit(TokenChunk(tail, []))
-        self._stats.generated_tokens += produced
-        if finish == "cancelled":
+        if job.sampler is not None:
+            llama_cpp.llama_sampler_free(job.sampler)
+            job.sampler = None
+        job.emit(GenerationDone(reason, len(job.prompt), job.produced, job.cached, error=error))
+        if reason == "cancelled":
             self._stats.cancelled += 1
-        else:
+        elif reason != "error":
             self._stats.completed += 1
-        job.emit(GenerationDone(finish, len(prompt), produced, cached))
-
-    def _prefill_all_but_last(self, prompt: list[int], cached: int) -> None:
-        """Evaluate the prompt up to its last token, reusing the `cached` prefix.
-
-        `Llama.generate` then decodes the last prompt token on its own. Doing that on every
-        request, cold or warm, makes the logits the first sample is drawn from identical
-        whatever the cache held before, so a seeded request reproduces exactly.
-        """
-        llama = self._llama
-        if len(prompt) < 2:
-            return
-        if llama.n_tokens > cached:
-            if not llama._ctx.kv_cache_seq_rm(-1, cached, -1):
-                llama.reset()
-                cached = 0
-            llama.n_tokens = cached
-        if cached < len(prompt) - 1:
-            llama.eval(prompt[cached:-1])
+        slot = job.slot
+        if slot is not None:
+            slot.job = None
+            slot.last_used = self._step
+            job.slot = None
+        if locked:
+            self._admitted -= 1
+        else:
+            with self._lock:
+                self._admitted -= 1
 
     def close(self) -> None:
-        self._jobs.put(None)
+        with self._lock:
+            self._closing = True
+            self._lock.notify()
         self._worker.join(timeout=5)
-        self._llama.close()
+        llama_cpp.llama_batch_free(self._batch)
+        self._ctx.close()
+        self._model.close()

@@ -35,6 +35,7 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
+    prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     reasoning_effort: str | None = None

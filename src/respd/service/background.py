@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
+from openai.types.responses import ResponseStreamEvent
+
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.responses import PreparedResponse, ResponsesService, wire
 from respd.store.base import JSON, TERMINAL_STATUSES, Store
@@ -88,14 +90,19 @@ class BackgroundJobs:
         """Store the response as `queued` and start it; returns before any generation."""
         machine = ResponseEventMachine(prepared.echo, status="queued")
         job = Job(prepared, machine)
-        await self.store.save_response(self.service.record(prepared, machine))
+        events = self.service.run(prepared, machine)  # a full engine is a 503 now
+        try:
+            await self.store.save_response(self.service.record(prepared, machine))
+        except BaseException:
+            await events.aclose()
+            raise
         self.jobs[machine.id] = job
-        job.task = asyncio.create_task(self._run(job), name=f"background {machine.id}")
+        job.task = asyncio.create_task(self._run(job, events), name=f"background {machine.id}")
         return job
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: Job, events: AsyncGenerator[ResponseStreamEvent, None]) -> None:
         try:
-            await self._generate(job)
+            await self._generate(job, events)
         except asyncio.CancelledError:
             await self._stop(job)
         except Exception:
@@ -105,9 +112,9 @@ class BackgroundJobs:
         finally:
             await self._finish(job)
 
-    async def _generate(self, job: Job) -> None:
+    async def _generate(self, job: Job, events: AsyncGenerator[ResponseStreamEvent, None]) -> None:
         machine, prepared = job.machine, job.prepared
-        async with aclosing(self.service.run(prepared, machine)) as events:
+        async with aclosing(events):
             async for event in events:
                 await job.publish([wire(event)])
                 if event.type == "response.in_progress":

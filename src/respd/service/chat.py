@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from respd.engines.base import ChatMessage, Engine, GenerationDone, SamplingParams, TokenChunk
+from respd.engines.base import (
+    ChatMessage,
+    Engine,
+    GenerationDone,
+    GenerationStream,
+    SamplingParams,
+    TokenChunk,
+)
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
+from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.ids import new_id
 from respd.service.responses import check_metadata
@@ -134,21 +142,31 @@ class ChatService:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return PreparedChat(req, tokens, sampling, stops, include_usage)
 
-    async def generate(self, prepared: PreparedChat) -> AsyncIterator[str | ChatResult]:
-        """Yield text deltas, then one `ChatResult`; closing early cancels generation."""
-        result = ChatResult()
+    def generate(self, prepared: PreparedChat) -> AsyncGenerator[str | ChatResult, None]:
+        """Admit the generation now (503 when the engine is full), then yield text deltas
+        and one final `ChatResult`; closing early cancels the generation."""
+        req = prepared.request
+        generation = admit(
+            self.engine, prepared.prompt_tokens, prepared.sampling, req.prompt_cache_key or req.user
+        )
+        return self._stream(prepared, generation)
+
+    async def _stream(
+        self, prepared: PreparedChat, generation: GenerationStream
+    ) -> AsyncGenerator[str | ChatResult, None]:
+        result = ChatResult(prompt_tokens=len(prepared.prompt_tokens))
         matcher = StopMatcher(prepared.stops)
         done: GenerationDone | None = None
-        generation = self.engine.generate(prepared.prompt_tokens, prepared.sampling)
         async with aclosing(generation):
             async for chunk in generation:
                 if isinstance(chunk, TokenChunk):
+                    result.completion_tokens += len(chunk.token_ids)
                     text = matcher.feed(chunk.text)
                     if text:
                         result.text += text
                         yield text
                     if matcher.stopped:
-                        break
+                        break  # closing the stream cancels the rest of the generation
                 else:
                     done = chunk
         tail = matcher.flush()
@@ -156,15 +174,10 @@ class ChatService:
             result.text += tail
             yield tail
         if done is not None:
-            result.prompt_tokens = done.prompt_tokens
-            result.completion_tokens = done.completion_tokens
-            result.cached_tokens = done.cached_tokens
-            result.finish_reason = "length" if done.finish_reason == "length" else "stop"
             if done.finish_reason == "error":
                 raise RuntimeError(done.error or "generation failed")
-        else:  # stopped by a stop sequence: the engine was cancelled mid-stream
-            result.prompt_tokens = len(prepared.prompt_tokens)
-            result.completion_tokens = len(self.engine.tokenize(result.text)) if result.text else 0
+            result.cached_tokens = done.cached_tokens
+            result.finish_reason = "length" if done.finish_reason == "length" else "stop"
         yield result
 
     def usage(self, result: ChatResult) -> dict[str, Any]:

@@ -13,10 +13,18 @@ from typing import Any
 from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel
 
-from respd.engines.base import ChatMessage, Engine, GenerationDone, SamplingParams, TokenChunk
+from respd.engines.base import (
+    ChatMessage,
+    Engine,
+    GenerationDone,
+    GenerationStream,
+    SamplingParams,
+    TokenChunk,
+)
 from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import INCLUDABLE, CreateResponseRequest
+from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
@@ -263,14 +271,23 @@ class ResponsesService:
         elif conversation is not None:
             await self.store.add_conversation_items(prepared.owner, *conversation)
 
-    async def respond(
+    def respond(
         self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         """`run`, persisting the response before its terminal event leaves, so a client
         that saw `response.completed` can retrieve or chain it at once. A client that
-        disconnects closes this iterator: the generation stops and nothing is stored."""
+        disconnects closes this iterator: the generation stops and nothing is stored.
+        Admission happens now, so a full engine is a 503 before any event."""
         machine = machine or ResponseEventMachine(prepared.echo)
-        async with aclosing(self.run(prepared, machine)) as events:
+        return self._persisting(prepared, machine, self.run(prepared, machine))
+
+    async def _persisting(
+        self,
+        prepared: PreparedResponse,
+        machine: ResponseEventMachine,
+        events: AsyncGenerator[ResponseStreamEvent, None],
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        async with aclosing(events):
             async for event in events:
                 if event.type in TERMINAL_EVENTS:
                     await self.persist(prepared, machine)
@@ -285,17 +302,28 @@ class ResponsesService:
         prepared = await self.prepare(req, owner)
         return len(prepared.prompt_tokens)
 
-    async def run(
+    def run(
         self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
-        """Generate and yield every event; closing this iterator cancels the generation."""
-        machine = machine or ResponseEventMachine(prepared.echo)
-        for event in machine.start():
-            yield event
+        """Admit the generation now (a full engine is a 503 here, before any event) and
+        return the events; closing the iterator cancels the generation."""
+        req = prepared.request
+        generation = admit(
+            self.engine, prepared.prompt_tokens, prepared.sampling, req.prompt_cache_key or req.user
+        )
+        return self._events(prepared, machine or ResponseEventMachine(prepared.echo), generation)
+
+    async def _events(
+        self,
+        prepared: PreparedResponse,
+        machine: ResponseEventMachine,
+        generation: GenerationStream,
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
         done: GenerationDone | None = None
-        generation = self.engine.generate(prepared.prompt_tokens, prepared.sampling)
         try:
             async with aclosing(generation):
+                for event in machine.start():
+                    yield event
                 async for chunk in generation:
                     if isinstance(chunk, TokenChunk):
                         machine.generated_tokens += len(chunk.token_ids)
