@@ -304,7 +304,7 @@ def in_process_ceiling(args: argparse.Namespace, max_tokens: int) -> float:
 async def prefix_cache_case(server: Server) -> dict[str, Any]:
     """TTFT of turn 3 of a previous_response_id chain vs the same prompt sent cold."""
     doc = " ".join(
-        f"Fact {i}: the {i}th lantern in the old harbour is painted blue." for i in range(110)
+        f"Fact {i}: the {i}th lantern in the old harbour is painted blue." for i in range(80)
     )
     turns = [
         "Summarise the facts in one line.",
