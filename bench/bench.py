@@ -289,19 +289,21 @@ def in_process_ceiling(args: argparse.Namespace, max_tokens: int) -> float:
         text = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
         tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
         llm.reset()
-        llm.eval(tokens)  # prefill excluded: this is the decode ceiling
-        start = time.perf_counter()
         n = 0
-        for tok in llm.generate(tokens, temp=0.0):  # prefix fully cached: decode only
+        first = 0.0
+        for tok in llm.generate(tokens, temp=0.0):
+            if n == 0:
+                first = time.perf_counter()  # prefill done: time decode only
             n += 1
-            if n >= max_tokens or tok == llm.token_eos():
+            if n > max_tokens or tok == llm.token_eos():
                 break
-        best = max(best, n / (time.perf_counter() - start))
+        if n > 1:
+            best = max(best, (n - 1) / (time.perf_counter() - first))
     llm.close()
     return best
 
 
-async def prefix_cache_case(server: Server) -> dict[str, Any]:
+async def prefix_cache_case(server: Server, slots: int) -> dict[str, Any]:
     """TTFT of turn 3 of a previous_response_id chain vs the same prompt sent cold."""
     doc = " ".join(
         f"Fact {i}: the {i}th lantern in the old harbour is painted blue." for i in range(80)
@@ -345,10 +347,10 @@ async def prefix_cache_case(server: Server) -> dict[str, Any]:
             {"role": "assistant", "content": r2["output"][0]["content"][0]["text"]},
             {"role": "user", "content": turns[2]},
         ]
-        # Evict every slot's cache with unrelated long prompts, all at once.
-        filler = " ".join(f"Unrelated sentence number {i} about gardens." for i in range(200))
+        # Evict every slot's cache: one unrelated long prompt per slot, all at once.
+        filler = " ".join(f"Unrelated sentence number {i} about gardens." for i in range(120))
         await asyncio.gather(
-            *(create({"input": f"{k} {filler}", "max_output_tokens": 1}) for k in range(8))
+            *(create({"input": f"{k} {filler}", "max_output_tokens": 1}) for k in range(slots))
         )
         cold_ttft, cold = await create({"input": history})
     usage = r3["usage"]
@@ -403,7 +405,7 @@ def main() -> None:
                         flush=True,
                     )
             if server.name == "respd":
-                prefix = asyncio.run(prefix_cache_case(server))
+                prefix = asyncio.run(prefix_cache_case(server, args.parallel))
             rss[server.name] = server.peak_rss_mib()
         finally:
             server.stop()
