@@ -18,9 +18,11 @@ import threading
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 
+from respd.engines import grammar_sampler
 from respd.engines.base import (
     ChatMessage,
     EngineStats,
@@ -92,6 +94,7 @@ class LlamaCppEngine:
         self._model = self._llama._model
         meta = self._llama.metadata
         source = chat_template or meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
+        self.template_source = source
         self.template = ChatTemplate(
             source,
             bos_token=self._token_text(self._llama.token_bos()),
@@ -124,12 +127,28 @@ class LlamaCppEngine:
         return token in self._stop_ids or llama_cpp.llama_vocab_is_eog(self._model.vocab, token)
 
     def render_prompt(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
         return self.template.render(
             [m.as_template_dict() for m in messages],
             add_generation_prompt=add_generation_prompt,
+            **extra,
         )
+
+    def check_grammar(self, grammar: str) -> None:
+        # llama.cpp returns NULL for a grammar it cannot parse; adding NULL to a sampler
+        # chain would crash the process, so every grammar is parsed here first.
+        sampler = llama_cpp.llama_sampler_init_grammar(
+            self._model.vocab, grammar.encode("utf-8"), b"root"
+        )
+        if not sampler:
+            raise ValueError("the grammar sampler rejected the generated grammar")
+        llama_cpp.llama_sampler_free(sampler)
 
     def tokenize(self, prompt: str) -> list[int]:
         # The rendered template already carries any BOS it wants; special tokens in it
@@ -188,6 +207,7 @@ class LlamaCppEngine:
         finish: FinishReason = "length"
         produced = 0
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        grammar_sampler.install(llama, p.grammar)
         if limit > 0:
             for token in llama.generate(
                 prompt,
