@@ -106,3 +106,29 @@ def client(server: RespdServer) -> openai.OpenAI:
 def http(server: RespdServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=120) as c:
         yield c
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+TOOL_FAMILIES = ("qwen", "llama3", "mistral")
+
+
+@pytest.fixture(scope="session", params=TOOL_FAMILIES)
+def family_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RespdServer]:
+    """The default model served with a tool-capable chat template of one family
+    (tests/templates/<family>.jinja); the grammar keeps forced calls well-formed whatever
+    the weights were trained on."""
+    family = request.param
+    srv = start_server(
+        tmp_path_factory.mktemp(f"respd-{family}"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        "--chat-template",
+        str(TEMPLATES / f"{family}.jinja"),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()

@@ -49,7 +49,9 @@ def check(fmt: ToolFormat, text: str, **kw: object) -> list[ParseEvent]:
         events = feed(fmt, text, step, **kw)
         assert merged(events) == whole, f"step {step}"
         for fin in (e for e in events if isinstance(e, CallFinished)):
-            deltas = [e.delta for e in events if isinstance(e, ArgumentsDelta) and e.index == fin.index]
+            deltas = [
+                e.delta for e in events if isinstance(e, ArgumentsDelta) and e.index == fin.index
+            ]
             assert "".join(deltas) == fin.arguments
             if step == 1 and len(fin.arguments) > 8 and fin.complete:
                 assert len(deltas) > 3, "arguments must stream while generated"
@@ -100,7 +102,9 @@ def test_hermes_cut_off_call_is_incomplete() -> None:
 
 
 def test_max_calls_drops_the_rest() -> None:
-    raw = "".join(f'<tool_call>{{"name": "f", "arguments": {{"i": {i}}}}}</tool_call>' for i in range(3))
+    raw = "".join(
+        f'<tool_call>{{"name": "f", "arguments": {{"i": {i}}}}}</tool_call>' for i in range(3)
+    )
     out = check(HERMES, raw, max_calls=2)
     assert calls(out) == [("f", {"i": 0}), ("f", {"i": 1})]
 
