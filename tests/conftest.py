@@ -153,3 +153,31 @@ def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         os.environ.pop("RESPD_DATA_DIR", None)
     else:
         os.environ["RESPD_DATA_DIR"] = previous
+
+
+# -- tool-template servers (issue 4): the default model with a tool-capable template ------
+
+TEMPLATES = Path(__file__).parent / "templates"
+TOOL_FAMILIES = ("qwen", "llama3", "mistral")
+
+
+@pytest.fixture(scope="session", params=TOOL_FAMILIES)
+def family_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RespdServer]:
+    """The default model served with a tool-capable chat template of one family
+    (tests/templates/<family>.jinja); the grammar keeps forced calls well-formed whatever
+    the weights were trained on."""
+    family = request.param
+    srv = start_server(
+        tmp_path_factory.mktemp(f"respd-{family}"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        "--chat-template",
+        str(TEMPLATES / f"{family}.jinja"),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()

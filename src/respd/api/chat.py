@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from respd.api.body import parse_body
 from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
-from respd.service.chat import ChatResult, ChatService, PreparedChat
+from respd.service.chat import ChatResult, ChatService, PreparedChat, ToolCallDelta
 
 router = APIRouter()
 
@@ -46,6 +46,8 @@ async def chat_completions(request: Request) -> Response:
                     )
                     if prepared.include_usage:
                         yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
+                elif isinstance(item, ToolCallDelta):
+                    yield sse_frame(dump(service.chunk(prepared, delta=item.as_delta())))
                 else:
                     yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
         yield sse_frame("[DONE]")

@@ -5,6 +5,7 @@ An engine knows models, templates and tokens; it knows nothing of the Responses 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -13,14 +14,48 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 @dataclass
+class ToolCall:
+    """A function call the assistant made; `arguments` is the JSON text it produced."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def as_template_dict(self) -> dict[str, Any]:
+        # Hugging Face templates index `tool_call.function.arguments` and usually `tojson`
+        # it, so a parsed object renders as the model was trained; unparsable text stays text.
+        try:
+            args: Any = json.loads(self.arguments)
+        except ValueError:
+            args = self.arguments
+        if not isinstance(args, dict):
+            args = self.arguments
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": args},
+        }
+
+
+@dataclass
 class ChatMessage:
     """One turn of the canonical conversation the service builds from API input."""
 
     role: str  # system | user | assistant | tool
     content: str
+    tool_calls: list[ToolCall] = field(default_factory=list)  # assistant turns
+    tool_call_id: str | None = None  # tool turns: the call this answers
+    name: str | None = None  # tool turns: the function that produced it
 
     def as_template_dict(self) -> dict[str, Any]:
-        return {"role": self.role, "content": self.content}
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [c.as_template_dict() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 @dataclass
@@ -31,6 +66,9 @@ class SamplingParams:
     max_tokens: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # GBNF text the sampler must follow (llama.cpp grammar syntax, root rule `root`); the
+    # service builds it from tool and response schemas. None: free generation.
+    grammar: str | None = None
 
 
 @dataclass
@@ -85,10 +123,22 @@ class Engine(Protocol):
 
     model_id: str
     context_window: int
+    template_source: str  # the chat template in use, for tool-format detection
 
     def render_prompt(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
-    ) -> str: ...
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render through the chat template; `tools` (`{"type":"function","function":…}`)
+        reach it as the `tools` variable, the Hugging Face convention."""
+        ...
+
+    def check_grammar(self, grammar: str) -> None:
+        """Raise ValueError when the engine's grammar sampler cannot parse `grammar`."""
+        ...
 
     def tokenize(self, prompt: str) -> list[int]: ...
 

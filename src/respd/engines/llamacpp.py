@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals as internals
@@ -38,6 +39,7 @@ from respd.engines.base import (
     TokenChunk,
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
+from respd.engines.grammar_sampler import GrammarCheckedSampler
 from respd.engines.slots import Slot, place
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class _Job:
     # Set by the worker while the job runs:
     slot: Slot | None = None
     sampler: ctypes.c_void_p | None = None
+    grammar: GrammarCheckedSampler | None = None
     cached: int = 0
     fed: int = 0  # prompt tokens decoded so far (including the reused prefix)
     produced: int = 0
@@ -144,6 +147,7 @@ class LlamaCppEngine:
         self._vocab = self._model.vocab
         meta = self._model.metadata()
         source = chat_template or meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
+        self.template_source = source
         self.template = ChatTemplate(
             source,
             bos_token=self._token_text(self._model.token_bos()),
@@ -178,12 +182,23 @@ class LlamaCppEngine:
         return token in self._stop_ids or bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
 
     def render_prompt(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        extra: dict[str, Any] = {"tools": tools} if tools else {}
         return self.template.render(
             [m.as_template_dict() for m in messages],
             add_generation_prompt=add_generation_prompt,
+            **extra,
         )
+
+    def check_grammar(self, grammar: str) -> None:
+        # llama.cpp returns NULL for a grammar it cannot parse; sampling with NULL would
+        # crash the process, so every grammar is parsed here first.
+        GrammarCheckedSampler(None, self._vocab, grammar, 0).close()
 
     def tokenize(self, prompt: str) -> list[int]:
         # The rendered template already carries any BOS it wants; special tokens in it
@@ -274,6 +289,10 @@ class LlamaCppEngine:
             room = self.context_window - len(job.prompt)
             job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
             job.sampler = self._make_sampler(job.params)
+            if job.params.grammar is not None:
+                job.grammar = GrammarCheckedSampler(
+                    job.sampler, self._vocab, job.params.grammar, self._model.n_vocab()
+                )
 
     def _make_sampler(self, p: SamplingParams) -> ctypes.c_void_p:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -355,7 +374,10 @@ class LlamaCppEngine:
         if job.limit <= 0:
             self._finish(job, "length")
             return
-        token = llama_cpp.llama_sampler_sample(job.sampler, self._ctx.ctx, idx)
+        if job.grammar is not None:
+            token = job.grammar.sample(self._ctx.ctx, idx)
+        else:
+            token = llama_cpp.llama_sampler_sample(job.sampler, self._ctx.ctx, idx)
         if self._is_stop(token):
             self._finish(job, "stop")
             return
@@ -379,6 +401,9 @@ class LlamaCppEngine:
         tail = job.decoder.decode(b"", final=True)
         if tail:
             job.emit(TokenChunk(tail, []))
+        if job.grammar is not None:
+            job.grammar.close()
+            job.grammar = None
         if job.sampler is not None:
             llama_cpp.llama_sampler_free(job.sampler)
             job.sampler = None

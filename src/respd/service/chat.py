@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
@@ -18,18 +18,29 @@ from respd.engines.base import (
     GenerationStream,
     SamplingParams,
     TokenChunk,
+    ToolCall,
 )
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
 from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.ids import new_id
+from respd.service.output_plan import OutputPlan, plan_output
 from respd.service.responses import check_metadata
 from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.stops import StopMatcher
+from respd.service.structured import chat_answer_schema, check_plan_grammar
+from respd.service.tool_parsing import (
+    ArgumentsDelta,
+    CallFinished,
+    CallStarted,
+    TextDelta,
+    ToolCallParser,
+)
+from respd.service.tools import chat_tool_choice, chat_tools
 from respd.service.translate import content_text, require_effective_input
 
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
 
 
@@ -40,29 +51,72 @@ class PreparedChat:
     sampling: SamplingParams
     stops: list[str]
     include_usage: bool
+    plan: OutputPlan | None = None
     id: str = field(default_factory=lambda: "chatcmpl-" + new_id("c")[2:])
     created: int = field(default_factory=lambda: int(time.time()))
 
 
 @dataclass
+class ToolCallDelta:
+    """A piece of a streamed tool call: the first carries id and name."""
+
+    index: int
+    arguments: str = ""
+    id: str | None = None
+    name: str | None = None
+
+    def as_delta(self) -> dict[str, Any]:
+        fn: dict[str, Any] = {"arguments": self.arguments}
+        out: dict[str, Any] = {"index": self.index, "function": fn}
+        if self.id is not None:
+            out.update(id=self.id, type="function")
+            fn["name"] = self.name
+        return {"tool_calls": [out]}
+
+
+@dataclass
 class ChatResult:
     text: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
 
 
+def _tool_calls(raw: Any, param: str) -> list[ToolCall]:
+    if not isinstance(raw, list):
+        raise InvalidRequest(
+            f"Invalid type for '{param}': expected an array.", param=param, code="invalid_type"
+        )
+    calls = []
+    for j, call in enumerate(raw):
+        p = f"{param}[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidRequest(
+                f"Missing required parameter: '{p}.function.name'.",
+                param=f"{p}.function.name",
+                code="missing_required_parameter",
+            )
+        call_id = call.get("id")
+        if not isinstance(call_id, str) or not call_id:
+            raise InvalidRequest(
+                f"Missing required parameter: '{p}.id'.",
+                param=f"{p}.id",
+                code="missing_required_parameter",
+            )
+        args = fn.get("arguments")
+        calls.append(ToolCall(call_id, fn["name"], args if isinstance(args, str) else "{}"))
+    return calls
+
+
 def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
     out: list[ChatMessage] = []
+    names: dict[str, str] = {}
     for i, msg in enumerate(req.messages):
         param = f"messages[{i}]"
         role = msg.get("role")
-        if role == "tool" or msg.get("tool_calls"):
-            raise Unsupported(
-                "Tool messages and tool_calls are not supported by this server yet.",
-                param=f"{param}.role",
-            )
         if role not in CHAT_ROLES:
             raise InvalidRequest(
                 f"Invalid value for '{param}.role': expected one of {', '.join(CHAT_ROLES)}, "
@@ -71,6 +125,11 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
                 code="invalid_value",
             )
         content = msg.get("content")
+        calls = (
+            _tool_calls(msg["tool_calls"], f"{param}.tool_calls")
+            if (role == "assistant" and msg.get("tool_calls"))
+            else []
+        )
         if content is None and role != "assistant":
             raise InvalidRequest(
                 f"Missing required parameter: '{param}.content'.",
@@ -80,8 +139,62 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
         text = (
             "" if content is None else content_text(content, f"{param}.content", model_id=model_id)
         )
-        out.append(ChatMessage("system" if role == "developer" else role, text))
+        if role == "tool":
+            call_id = msg.get("tool_call_id")
+            if call_id not in names:
+                raise InvalidRequest(
+                    f"Invalid '{param}.tool_call_id': no earlier assistant message has a tool "
+                    f"call with id {call_id!r}.",
+                    param=f"{param}.tool_call_id",
+                    code="invalid_value",
+                )
+            out.append(ChatMessage("tool", text, tool_call_id=call_id, name=names[call_id]))
+            continue
+        names.update((c.id, c.name) for c in calls)
+        out.append(ChatMessage("system" if role == "developer" else role, text, tool_calls=calls))
     return out
+
+
+def _read(
+    result: ChatResult, parser: ToolCallParser | None, text: str, *, final: bool = False
+) -> list[str | ToolCallDelta]:
+    """Text after stop sequences → text and tool-call deltas, recorded in `result`."""
+    if parser is None:
+        result.text += text
+        return [text] if text else []
+    out: list[str | ToolCallDelta] = []
+    events = parser.feed(text) if text else []
+    if final:
+        events += parser.finish()
+    for e in events:
+        if isinstance(e, TextDelta):
+            result.text += e.text
+            out.append(e.text)
+        elif isinstance(e, CallStarted):
+            call = ToolCall("call_" + new_id("c")[2:26], e.name, "")
+            result.tool_calls.append(call)
+            out.append(ToolCallDelta(e.index, id=call.id, name=e.name))
+        elif isinstance(e, ArgumentsDelta):
+            result.tool_calls[e.index].arguments += e.delta
+            out.append(ToolCallDelta(e.index, arguments=e.delta))
+        elif isinstance(e, CallFinished):
+            result.tool_calls[e.index].arguments = e.arguments
+    return out
+
+
+def _message(result: ChatResult) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if result.tool_calls:
+        message["content"] = result.text or None
+        message["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for c in result.tool_calls
+        ]
+    return message
 
 
 class ChatService:
@@ -95,16 +208,10 @@ class ChatService:
         check_metadata(req.metadata)
         if req.n not in (None, 1):
             raise Unsupported("Only n=1 is supported.", param="n")
-        if req.tools:
-            raise Unsupported("Tools are not supported by this server yet.", param="tools")
-        if req.tool_choice not in (None, "auto", "none"):
-            raise Unsupported("tool_choice needs tools, not supported yet.", param="tool_choice")
-        fmt = (req.response_format or {}).get("type", "text")
-        if fmt != "text":
-            raise Unsupported(
-                f"response_format of type '{fmt}' is not supported by this server yet.",
-                param="response_format",
-            )
+        tools = chat_tools(req.tools)
+        policy = replace(
+            chat_tool_choice(req.tool_choice, tools), parallel=req.parallel_tool_calls is not False
+        )
         if req.logprobs or req.top_logprobs:
             raise Unsupported("Logprobs are not supported by this server yet.", param="logprobs")
         max_tokens = (
@@ -131,20 +238,33 @@ class ChatService:
             )
         messages = _messages(req, self.engine.model_id)
         require_effective_input(messages, param="messages")
+        plan = plan_output(
+            self.engine.template_source,
+            messages,
+            tools,
+            policy,
+            answer_schema=chat_answer_schema(req.response_format),
+            answer_param="response_format",
+        )
+        await asyncio.to_thread(check_plan_grammar, self.engine, plan, "response_format")
+        sampling.grammar = plan.grammar
         _, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
-            messages,
+            plan.messages,
             reserve=max_tokens or 1,
             truncation="disabled",
             param="messages",
+            tools=plan.template_tools,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return PreparedChat(req, tokens, sampling, stops, include_usage)
+        return PreparedChat(req, tokens, sampling, stops, include_usage, plan)
 
-    def generate(self, prepared: PreparedChat) -> AsyncGenerator[str | ChatResult, None]:
-        """Admit the generation now (503 when the engine is full), then yield text deltas
-        and one final `ChatResult`; closing early cancels the generation."""
+    def generate(
+        self, prepared: PreparedChat
+    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
+        """Admit the generation now (503 when the engine is full), then yield text and
+        tool-call deltas and one final `ChatResult`; closing early cancels the generation."""
         req = prepared.request
         generation = admit(
             self.engine, prepared.prompt_tokens, prepared.sampling, req.prompt_cache_key or req.user
@@ -153,31 +273,30 @@ class ChatService:
 
     async def _stream(
         self, prepared: PreparedChat, generation: GenerationStream
-    ) -> AsyncGenerator[str | ChatResult, None]:
+    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
         result = ChatResult(prompt_tokens=len(prepared.prompt_tokens))
         matcher = StopMatcher(prepared.stops)
+        parser = prepared.plan.parser() if prepared.plan else None
         done: GenerationDone | None = None
         async with aclosing(generation):
             async for chunk in generation:
                 if isinstance(chunk, TokenChunk):
                     result.completion_tokens += len(chunk.token_ids)
-                    text = matcher.feed(chunk.text)
-                    if text:
-                        result.text += text
-                        yield text
+                    for item in _read(result, parser, matcher.feed(chunk.text)):
+                        yield item
                     if matcher.stopped:
                         break  # closing the stream cancels the rest of the generation
                 else:
                     done = chunk
-        tail = matcher.flush()
-        if tail:
-            result.text += tail
-            yield tail
+        for item in _read(result, parser, matcher.flush(), final=True):
+            yield item
         if done is not None:
             if done.finish_reason == "error":
                 raise RuntimeError(done.error or "generation failed")
             result.cached_tokens = done.cached_tokens
             result.finish_reason = "length" if done.finish_reason == "length" else "stop"
+            if result.tool_calls and done.finish_reason != "length":
+                result.finish_reason = "tool_calls"
         yield result
 
     def usage(self, result: ChatResult) -> dict[str, Any]:
@@ -199,7 +318,7 @@ class ChatService:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": result.text},
+                        "message": _message(result),
                         "finish_reason": result.finish_reason,
                         "logprobs": None,
                     }

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from respd.engines.base import ChatMessage, Engine
 from respd.engines.chat_template import ChatTemplateError
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest
 
 
-def render_tokens(engine: Engine, messages: list[ChatMessage]) -> list[int]:
+def render_tokens(
+    engine: Engine, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     try:
-        prompt = engine.render_prompt(messages)
+        prompt = engine.render_prompt(messages, tools=tools)
     except ChatTemplateError as exc:
         raise InvalidRequest(
             f"The model's chat template rejected this conversation: {exc}", param="input"
@@ -24,6 +28,7 @@ def fit_to_context(
     reserve: int,
     truncation: str,
     param: str = "input",
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[ChatMessage], list[int]]:
     """Render and tokenize `messages` so that prompt + `reserve` tokens fit the window.
 
@@ -39,7 +44,7 @@ def fit_to_context(
             param="max_output_tokens",
         )
     messages = list(messages)
-    tokens = render_tokens(engine, messages)
+    tokens = render_tokens(engine, messages, tools)
     while len(tokens) + reserve > window:
         if truncation != "auto":
             raise ContextLengthExceeded(
@@ -59,5 +64,5 @@ def fit_to_context(
                 param=param,
             )
         del messages[droppable[0]]
-        tokens = render_tokens(engine, messages)
+        tokens = render_tokens(engine, messages, tools)
     return messages, tokens

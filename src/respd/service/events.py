@@ -19,6 +19,9 @@ from openai.types.responses import (
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
     ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
@@ -32,6 +35,7 @@ from openai.types.responses import (
 from pydantic import BaseModel
 
 from respd.service.ids import new_id
+from respd.service.tool_parsing import ArgumentsDelta, CallStarted, ParseEvent, TextDelta
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
@@ -61,6 +65,25 @@ class _OpenMessage:
 
 
 @dataclass
+class _OpenCall:
+    id: str
+    call_id: str
+    name: str
+    output_index: int
+    arguments: str = ""
+
+    def item(self, status: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function_call",
+            "status": status,
+            "arguments": self.arguments,
+            "call_id": self.call_id,
+            "name": self.name,
+        }
+
+
+@dataclass
 class ResponseEventMachine:
     """Drives one response from `created` to its terminal event.
 
@@ -80,6 +103,7 @@ class ResponseEventMachine:
     generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
     _seq: int = 0
     _message: _OpenMessage | None = None
+    _call: _OpenCall | None = None
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -167,7 +191,9 @@ class ResponseEventMachine:
     def output_text(self, delta: str) -> list[ResponseStreamEvent]:
         if not delta:
             return []
-        events = self._open_message() if self._message is None else []
+        events = self._close_open("completed") if self._call is not None else []
+        if self._message is None:
+            events += self._open_message()
         msg = self._message
         assert msg is not None
         msg.text += delta
@@ -225,12 +251,98 @@ class ResponseEventMachine:
         ]
         return events
 
+    def _close_open(self, status: str) -> list[ResponseStreamEvent]:
+        if self._message is not None:
+            return self._close_message(status)
+        if self._call is not None:
+            return self.function_call_done(self._call.arguments, complete=status == "completed")
+        return []
+
+    # -- function calls -------------------------------------------------------------------
+
+    def function_call_start(self, name: str) -> list[ResponseStreamEvent]:
+        """A call begins: any text before it is closed as its own message item."""
+        events = self._close_open("completed")
+        call = _OpenCall(new_id("fc"), new_id("call"), name, len(self.output))
+        self._call = call
+        item = call.item("in_progress")
+        self.output.append(item)
+        events.append(
+            self._event(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=call.output_index,
+                item=item,
+            )
+        )
+        return events
+
+    def function_call_arguments(self, delta: str) -> list[ResponseStreamEvent]:
+        call = self._call
+        if call is None or not delta:
+            return []
+        call.arguments += delta
+        return [
+            self._event(
+                ResponseFunctionCallArgumentsDeltaEvent,
+                type="response.function_call_arguments.delta",
+                item_id=call.id,
+                output_index=call.output_index,
+                delta=delta,
+            )
+        ]
+
+    def function_call_done(self, arguments: str, *, complete: bool) -> list[ResponseStreamEvent]:
+        call = self._call
+        if call is None:
+            return []
+        events = []
+        if arguments != call.arguments and arguments.startswith(call.arguments):
+            events += self.function_call_arguments(arguments[len(call.arguments) :])
+        self._call = None
+        item = call.item("completed" if complete else "incomplete")
+        self.output[call.output_index] = item
+        events += [
+            self._event(
+                ResponseFunctionCallArgumentsDoneEvent,
+                type="response.function_call_arguments.done",
+                item_id=call.id,
+                output_index=call.output_index,
+                arguments=call.arguments,
+                name=call.name,  # required by older SDKs (3.3.x), harmless for newer
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=call.output_index,
+                item=ResponseFunctionToolCall.model_validate(item),
+            ),
+        ]
+        return events
+
+    def apply_parsed(self, parsed: list[ParseEvent]) -> list[ResponseStreamEvent]:
+        """Drive the machine from the tool-call parser's reading of the output."""
+        events: list[ResponseStreamEvent] = []
+        for p in parsed:
+            if isinstance(p, TextDelta):
+                events += self.output_text(p.text)
+            elif isinstance(p, CallStarted):
+                events += self.function_call_start(p.name)
+            elif isinstance(p, ArgumentsDelta):
+                events += self.function_call_arguments(p.delta)
+            else:
+                events += self.function_call_done(p.arguments, complete=p.complete)
+        return events
+
     def finish(
         self, *, usage: Usage, incomplete_reason: str | None = None
     ) -> list[ResponseStreamEvent]:
         """Close open items and emit `response.completed` or `response.incomplete`."""
         self.usage = usage
-        events = self._close_message("incomplete" if incomplete_reason else "completed")
+        item_status = "incomplete" if incomplete_reason else "completed"
+        events = self._close_open(item_status)
+        if not self.output:  # an empty answer is still one (empty) message
+            events += self._close_message(item_status)
         if incomplete_reason:
             self.status = "incomplete"
             self.incomplete_reason = incomplete_reason
@@ -251,7 +363,7 @@ class ResponseEventMachine:
 
     def fail(self, message: str, *, code: str = "server_error") -> list[ResponseStreamEvent]:
         """Close open items as incomplete and emit `response.failed`."""
-        events = self._close_message("incomplete") if self._message is not None else []
+        events = self._close_open("incomplete")
         self.status = "failed"
         self.error = {"code": code, "message": message}
         events.append(
@@ -262,6 +374,6 @@ class ResponseEventMachine:
     def cancel(self, *, usage: Usage) -> list[ResponseStreamEvent]:
         """Generation stopped on request: keep partial output, status `cancelled`."""
         self.usage = usage
-        events = self._close_message("incomplete") if self._message is not None else []
+        events = self._close_open("incomplete")
         self.status = "cancelled"
         return events

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
@@ -29,7 +29,11 @@ from respd.service.context import fit_to_context
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
+from respd.service.output_plan import OutputPlan, plan_output
 from respd.service.sampling import SamplingDefaults, build_sampling
+from respd.service.structured import check_plan_grammar, responses_answer_schema
+from respd.service.tool_parsing import ToolCallParser
+from respd.service.tools import responses_tool_choice, responses_tools
 from respd.service.translate import input_to_messages, require_effective_input
 from respd.store.base import JSON, ResponseRecord, Store
 
@@ -52,6 +56,7 @@ class PreparedResponse:
     owner: str
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
+    plan: OutputPlan | None = None  # tools / structured output: grammar and parser
 
     @property
     def stored(self) -> bool:
@@ -95,24 +100,6 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
 
 def _reject_unimplemented(req: CreateResponseRequest) -> None:
     """Fields whose behaviour is not built yet: a 400 that names them, never silence."""
-    if req.tools:
-        kinds = sorted({str(t.get("type")) for t in req.tools})
-        raise Unsupported(
-            f"Tools are not supported by this server yet (got tool types: {', '.join(kinds)}).",
-            param="tools",
-        )
-    if req.tool_choice not in (None, "auto", "none"):
-        raise Unsupported(
-            "tool_choice other than 'auto' or 'none' needs tools, which this server does not "
-            "support yet.",
-            param="tool_choice",
-        )
-    fmt = req.text.format if req.text else None
-    if fmt is not None and fmt.type != "text":
-        raise Unsupported(
-            f"text.format of type '{fmt.type}' is not supported by this server yet.",
-            param="text.format",
-        )
     if req.prompt is not None:
         raise Unsupported("Stored prompt templates are not supported.", param="prompt")
     for value in req.include or []:
@@ -215,28 +202,58 @@ class ResponsesService:
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
         )
+        tools = responses_tools(req.tools)
+        policy = responses_tool_choice(req.tool_choice, tools)
+        if req.max_tool_calls is not None and req.max_tool_calls < 1:
+            raise InvalidRequest(
+                "Invalid 'max_tool_calls': expected a value >= 1.",
+                param="max_tool_calls",
+                code="integer_below_min_value",
+            )
+        policy = replace(
+            policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
+        )
         model_id = self.engine.model_id
-        turn = input_to_messages(req.input, model_id=model_id)
         history = await resolve_history(
             self.store,
             owner,
             previous_response_id=req.previous_response_id,
             conversation=req.conversation,
         )
-        messages = input_to_messages(history.items, model_id=model_id) + turn
+        past = input_to_messages(history.items, model_id=model_id)
+        messages = past + input_to_messages(req.input, model_id=model_id, prior=past)
         if req.instructions:
             messages.insert(0, ChatMessage("system", req.instructions))
         require_effective_input(messages)
+        plan = plan_output(
+            self.engine.template_source,
+            messages,
+            tools,
+            policy,
+            answer_schema=responses_answer_schema(req.text.format if req.text else None),
+            answer_param="text.format",
+        )
+        await asyncio.to_thread(check_plan_grammar, self.engine, plan, "text.format")
+        sampling.grammar = plan.grammar
         messages, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
-            messages,
+            plan.messages,
             reserve=req.max_output_tokens or 1,
             truncation=req.truncation or "disabled",
+            tools=plan.template_tools,
         )
         echo = build_echo(req, sampling, model_id, history.conversation_id)
         return PreparedResponse(
-            req, messages, tokens, sampling, echo, owner, normalize_items(req.input), history
+            req,
+            messages,
+            tokens,
+            sampling,
+            echo,
+            owner,
+            normalize_items(req.input),
+            history,
+            plan,
         )
 
     def record(self, prepared: PreparedResponse, machine: ResponseEventMachine) -> ResponseRecord:
@@ -320,6 +337,7 @@ class ResponsesService:
         generation: GenerationStream,
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         done: GenerationDone | None = None
+        parser: ToolCallParser | None = prepared.plan.parser() if prepared.plan else None
         try:
             async with aclosing(generation):
                 for event in machine.start():
@@ -327,10 +345,17 @@ class ResponsesService:
                 async for chunk in generation:
                     if isinstance(chunk, TokenChunk):
                         machine.generated_tokens += len(chunk.token_ids)
-                        for event in machine.output_text(chunk.text):
+                        if parser is None:
+                            events = machine.output_text(chunk.text)
+                        else:
+                            events = machine.apply_parsed(parser.feed(chunk.text))
+                        for event in events:
                             yield event
                     else:
                         done = chunk
+            if parser is not None:
+                for event in machine.apply_parsed(parser.finish()):
+                    yield event
         except Exception as exc:  # the engine broke: the client gets response.failed
             log.exception("response %s: generation raised", machine.id)
             done = GenerationDone("error", len(prepared.prompt_tokens), 0, error=str(exc))

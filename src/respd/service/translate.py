@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from respd.engines.base import ChatMessage
+from respd.engines.base import ChatMessage, ToolCall
 from respd.protocol.errors import InvalidRequest, Unsupported
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -16,8 +16,6 @@ _IMAGE_PARTS = ("input_image", "image_url")
 _MEDIA_PARTS = (*_IMAGE_PARTS, "input_audio", "video_url")
 # Item types that a later piece of work implements; until then they are a named 400.
 _NOT_YET_ITEMS = {
-    "function_call": "function tools",
-    "function_call_output": "function tools",
     "reasoning": "reasoning items",
     "item_reference": "stored items",
     "compaction": "compaction",
@@ -89,9 +87,14 @@ def content_text(content: Any, param: str, *, model_id: str) -> str:
 
 
 def input_to_messages(
-    items: str | list[dict[str, Any]] | None, *, model_id: str
+    items: str | list[dict[str, Any]] | None,
+    *,
+    model_id: str,
+    prior: list[ChatMessage] | None = None,
 ) -> list[ChatMessage]:
-    """Translate the Responses `input` field."""
+    """Translate the Responses `input` field. `prior` is the history it continues (from
+    `previous_response_id` or a conversation): a `function_call_output` may answer a call
+    made there."""
     if items is None:
         return []
     if isinstance(items, str):
@@ -116,6 +119,10 @@ def input_to_messages(
             role = _role(item["role"], f"{param}.role")
             text = content_text(item["content"], f"{param}.content", model_id=model_id)
             messages.append(ChatMessage(role, text))
+        elif kind == "function_call":
+            _function_call(item, param, messages)
+        elif kind == "function_call_output":
+            _function_call_output(item, param, messages, model_id=model_id, prior=prior or [])
         elif kind in _NOT_YET_ITEMS:
             raise Unsupported(
                 f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
@@ -131,7 +138,59 @@ def input_to_messages(
     return messages
 
 
+def _required_str(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(
+            f"Missing required parameter: '{param}.{key}'.",
+            param=f"{param}.{key}",
+            code="missing_required_parameter",
+        )
+    return value
+
+
+def _function_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    """An earlier call by the assistant; consecutive calls share one assistant turn."""
+    arguments = item.get("arguments")
+    call = ToolCall(
+        _required_str(item, "call_id", param),
+        _required_str(item, "name", param),
+        arguments if isinstance(arguments, str) else "{}",
+    )
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and (last.tool_calls or not last.content):
+        last.tool_calls.append(call)
+    else:
+        messages.append(ChatMessage("assistant", "", tool_calls=[call]))
+
+
+def _function_call_output(
+    item: dict[str, Any],
+    param: str,
+    messages: list[ChatMessage],
+    *,
+    model_id: str,
+    prior: list[ChatMessage],
+) -> None:
+    call_id = _required_str(item, "call_id", param)
+    calls = {c.id: c for m in (*prior, *messages) for c in m.tool_calls}
+    if call_id not in calls:
+        raise InvalidRequest(
+            f"No tool call found for function call output with call_id {call_id}.",
+            param=f"{param}.call_id",
+            code="invalid_value",
+        )
+    if "output" not in item:
+        raise InvalidRequest(
+            f"Missing required parameter: '{param}.output'.",
+            param=f"{param}.output",
+            code="missing_required_parameter",
+        )
+    output = content_text(item["output"], f"{param}.output", model_id=model_id)
+    messages.append(ChatMessage("tool", output, tool_call_id=call_id, name=calls[call_id].name))
+
+
 def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
     """Reject a conversation with nothing in it for the model to answer."""
-    if not any(m.content.strip() for m in messages):
+    if not any(m.content.strip() or m.tool_calls for m in messages):
         raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)

@@ -1,0 +1,67 @@
+"""Grammar-constrained sampling that costs almost nothing while the model already complies.
+
+Applying llama.cpp's grammar sampler to every candidate of every step checks the whole
+vocabulary (49k tokens for SmolLM2) each time, which made constrained generation 5-20x
+slower than free generation. llama.cpp's own server samples first and consults the grammar
+afterwards; so does this: sample with the normal chain, check only the chosen token against
+the grammar, and only when it is rejected apply the grammar to all candidates and sample
+again. The result follows the constrained distribution either way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from llama_cpp import _internals
+
+
+class GrammarCheckedSampler:
+    """A sampler chain (`chain`, a llama.cpp sampler pointer) constrained by a GBNF grammar."""
+
+    def __init__(self, chain: Any, vocab: Any, grammar: str, n_vocab: int) -> None:
+        self._chain = chain
+        self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+        if not self._grammar:
+            raise ValueError("the grammar sampler rejected the grammar")
+        self._n_vocab = n_vocab
+        self._one = (llama_cpp.llama_token_data * 1)()
+        self._one_array = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(self._one, llama_cpp.llama_token_data_p),
+            size=1,
+            selected=-1,
+            sorted=False,
+        )
+        self._all = _internals.LlamaTokenDataArray(n_vocab=n_vocab) if n_vocab else None
+
+    def _allowed(self, token: int) -> bool:
+        self._one[0] = llama_cpp.llama_token_data(token, 0.0, 0.0)
+        self._one_array.size = 1
+        self._one_array.selected = -1
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
+        return not math.isinf(self._one[0].logit)
+
+    def sample(self, ctx: Any, idx: int) -> int:
+        """Sample the token at batch index `idx` of context pointer `ctx`."""
+        token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, idx))
+        if not self._allowed(token):
+            assert self._all is not None
+            logits = llama_cpp.llama_get_logits_ith(ctx, idx)
+            self._all.copy_logits(np.ctypeslib.as_array(logits, shape=(self._n_vocab,)))
+            candidates = ctypes.byref(self._all.candidates)
+            llama_cpp.llama_sampler_apply(self._grammar, candidates)
+            llama_cpp.llama_sampler_apply(self._chain, candidates)
+            token = int(self._all.candidates_data.id[self._all.candidates.selected])
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        return token
+
+    def close(self) -> None:
+        if self._grammar:
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+    def __del__(self) -> None:
+        self.close()

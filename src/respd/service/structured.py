@@ -1,0 +1,85 @@
+"""Structured output: the JSON Schema an answer must follow, from either API's format field.
+
+Responses sends `text.format` (`{"type":"json_schema", name, schema, strict}` or
+`{"type":"json_object"}`); Chat Completions sends `response_format` with the schema nested
+under `json_schema`. Both become one schema (`json_object`: any JSON object) that
+`output_plan.py` turns into a grammar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respd.engines.base import Engine
+from respd.protocol.errors import InvalidRequest
+from respd.protocol.responses import TextFormat
+from respd.service.constraints import ANY_OBJECT
+from respd.service.output_plan import OutputPlan
+from respd.service.tools import NAME_RE
+
+
+def _schema(kind: str, name: Any, schema: Any, param: str) -> dict[str, Any] | None:
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind != "json_schema":
+        raise InvalidRequest(
+            f"Invalid value for '{param}.type': {kind!r}. Expected 'text', 'json_schema' or "
+            "'json_object'.",
+            param=f"{param}.type",
+            code="invalid_value",
+        )
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidRequest(
+            f"Invalid '{param}.name': expected 1-64 characters of a-z, A-Z, 0-9, '_' or '-'.",
+            param=f"{param}.name",
+            code="invalid_value",
+        )
+    if not isinstance(schema, dict):
+        raise InvalidRequest(
+            f"Missing required parameter: '{param}.schema'.",
+            param=f"{param}.schema",
+            code="missing_required_parameter",
+        )
+    return schema
+
+
+def responses_answer_schema(fmt: TextFormat | None) -> dict[str, Any] | None:
+    if fmt is None:
+        return None
+    return _schema(fmt.type, fmt.name, fmt.schema_, "text.format")
+
+
+def chat_answer_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not response_format:
+        return None
+    kind = response_format.get("type", "text")
+    spec = response_format.get("json_schema")
+    spec = spec if isinstance(spec, dict) else {}
+    if kind == "json_schema" and not response_format.get("json_schema"):
+        raise InvalidRequest(
+            "Missing required parameter: 'response_format.json_schema'.",
+            param="response_format.json_schema",
+            code="missing_required_parameter",
+        )
+    return _schema(
+        str(kind),
+        spec.get("name"),
+        spec.get("schema"),
+        "response_format.json_schema" if kind == "json_schema" else "response_format",
+    )
+
+
+def check_plan_grammar(engine: Engine, plan: OutputPlan, answer_param: str) -> None:
+    """A grammar the engine cannot load is the request's fault (its schemas), so a 400."""
+    if plan.grammar is None:
+        return
+    try:
+        engine.check_grammar(plan.grammar)
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"The schema cannot be enforced by the grammar sampler: {exc}.",
+            param=answer_param,
+            code="invalid_value",
+        ) from exc

@@ -1,0 +1,221 @@
+"""Function tools and `tool_choice`, read from either API into one shape.
+
+Responses writes a tool as `{"type":"function","name",...}` and a named choice as
+`{"type":"function","name"}`; Chat Completions nests both under `"function"`. Both become
+`FunctionTool`s and a `ToolPolicy`, so everything downstream is shared. Every refusal is a
+400 naming the offending parameter.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from respd.protocol.errors import InvalidRequest, Unsupported
+from respd.service.constraints import SchemaRejected, check_schema
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+Mode = Literal["auto", "none", "required"]
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool | None = None
+
+    def as_template_tool(self) -> dict[str, Any]:
+        """The Hugging Face shape chat templates iterate over."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """What the model may do with the tools: `allowed` narrows the offered set."""
+
+    mode: Mode = "auto"
+    allowed: tuple[str, ...] | None = None
+    parallel: bool = True
+    max_calls: int | None = None
+
+    def call_cap(self) -> int | None:
+        cap = self.max_calls
+        if not self.parallel:
+            cap = 1 if cap is None else min(cap, 1)
+        return cap
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, param=param, code=code)
+
+
+def _function_tool(fields: dict[str, Any], param: str) -> FunctionTool:
+    name = fields.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _bad(
+            f"Invalid '{param}.name': a function name must be 1-64 characters of a-z, A-Z, "
+            f"0-9, '_' or '-', got {name!r}.",
+            f"{param}.name",
+        )
+    parameters = fields.get("parameters")
+    if parameters is not None:
+        try:
+            check_schema(parameters)
+        except SchemaRejected as exc:
+            raise _bad(
+                f"Invalid schema for function '{name}': {exc}.",
+                f"{param}.parameters",
+                "invalid_function_parameters",
+            ) from exc
+    description = fields.get("description")
+    strict = fields.get("strict")
+    return FunctionTool(
+        name,
+        description if isinstance(description, str) else None,
+        parameters,
+        strict if isinstance(strict, bool) else None,
+    )
+
+
+def _check_unique(tools: list[FunctionTool], param: str) -> list[FunctionTool]:
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if t.name in seen:
+            raise _bad(f"Duplicate function name '{t.name}' in '{param}'.", f"{param}[{i}].name")
+        seen.add(t.name)
+    return tools
+
+
+def responses_tools(tools: list[dict[str, Any]] | None) -> list[FunctionTool]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _bad(f"Invalid type for '{param}': expected an object.", param, "invalid_type")
+        kind = tool.get("type")
+        if kind != "function":
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server; only 'function' "
+                "tools are.",
+                param=f"{param}.type",
+            )
+        out.append(_function_tool(tool, param))
+    return _check_unique(out, "tools")
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[FunctionTool]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        param = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server; only 'function' "
+                "tools are.",
+                param=f"{param}.type",
+            )
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise _bad(
+                f"Missing required parameter: '{param}.function'.",
+                f"{param}.function",
+                "missing_required_parameter",
+            )
+        out.append(_function_tool(fn, f"{param}.function"))
+    return _check_unique(out, "tools")
+
+
+def _declared(name: Any, tools: list[FunctionTool], param: str) -> str:
+    if not isinstance(name, str) or name not in {t.name for t in tools}:
+        declared = ", ".join(t.name for t in tools) or "none"
+        raise _bad(
+            f"Invalid '{param}': tool choice names function {name!r}, which is not in 'tools' "
+            f"(declared: {declared}).",
+            param,
+        )
+    return name
+
+
+def _string_choice(choice: str, tools: list[FunctionTool]) -> Mode:
+    if choice not in ("auto", "none", "required"):
+        raise _bad(
+            f"Invalid value for 'tool_choice': {choice!r}. Expected 'none', 'auto', "
+            "'required' or an object.",
+            "tool_choice",
+        )
+    if choice == "required" and not tools:
+        raise _bad("tool_choice 'required' needs at least one tool in 'tools'.", "tool_choice")
+    return choice  # type: ignore[return-value]
+
+
+def _allowed(
+    mode: Any, entries: Any, tools: list[FunctionTool], param: str, *, nested: bool
+) -> ToolPolicy:
+    if mode not in ("auto", "required"):
+        raise _bad(
+            f"Invalid value for '{param}.mode': expected 'auto' or 'required'.", f"{param}.mode"
+        )
+    if not isinstance(entries, list) or not entries:
+        raise _bad(f"'{param}.tools' must be a non-empty array.", f"{param}.tools")
+    names = []
+    for j, entry in enumerate(entries):
+        p = f"{param}.tools[{j}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind != "function":
+            raise Unsupported(
+                f"Allowed tools of type '{kind}' are not supported.", param=f"{p}.type"
+            )
+        fn = entry.get("function") if nested else entry
+        name = fn.get("name") if isinstance(fn, dict) else None
+        names.append(_declared(name, tools, f"{p}.name"))
+    return ToolPolicy(mode=mode, allowed=tuple(names))
+
+
+def responses_tool_choice(choice: Any, tools: list[FunctionTool]) -> ToolPolicy:
+    if choice is None:
+        return ToolPolicy()
+    if isinstance(choice, str):
+        return ToolPolicy(mode=_string_choice(choice, tools))
+    kind = choice.get("type")
+    if kind == "function":
+        return ToolPolicy("required", (_declared(choice.get("name"), tools, "tool_choice.name"),))
+    if kind == "allowed_tools":
+        return _allowed(choice.get("mode"), choice.get("tools"), tools, "tool_choice", nested=False)
+    raise Unsupported(
+        f"tool_choice of type '{kind}' is not supported; only function tools are.",
+        param="tool_choice.type",
+    )
+
+
+def chat_tool_choice(choice: Any, tools: list[FunctionTool]) -> ToolPolicy:
+    if choice is None:
+        return ToolPolicy()
+    if isinstance(choice, str):
+        return ToolPolicy(mode=_string_choice(choice, tools))
+    kind = choice.get("type")
+    if kind == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        return ToolPolicy("required", (_declared(name, tools, "tool_choice.function.name"),))
+    if kind == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        if not isinstance(spec, dict):
+            raise _bad(
+                "Missing required parameter: 'tool_choice.allowed_tools'.",
+                "tool_choice.allowed_tools",
+                "missing_required_parameter",
+            )
+        return _allowed(
+            spec.get("mode"), spec.get("tools"), tools, "tool_choice.allowed_tools", nested=True
+        )
+    raise Unsupported(
+        f"tool_choice of type '{kind}' is not supported; only function tools are.",
+        param="tool_choice.type",
+    )
