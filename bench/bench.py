@@ -136,7 +136,6 @@ def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
         str(args.ctx_size * args.parallel),
         "-np",
         str(args.parallel),
-        "-kvu",
         "-b",
         "512",
         "-ub",

@@ -67,7 +67,7 @@ class Settings(BaseSettings):
         4096,
         ge=64,
         description="Context window of each request in tokens (the KV cache holds "
-        "ctx-size x parallel tokens, shared between slots).",
+        "ctx-size tokens for each of the --parallel slots).",
     )
     threads: int = Field(
         default_factory=lambda: max(1, os.cpu_count() or 1),

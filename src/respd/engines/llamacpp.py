@@ -1,6 +1,6 @@
 """The default engine: GGUF models through llama.cpp, with continuous batching.
 
-One llama.cpp context holds `parallel` sequences in a unified KV cache. A worker thread runs
+One llama.cpp context holds `parallel` sequences, each in its own KV stream. A worker thread runs
 the decode loop: every step it puts one token of each generating sequence, plus a chunk of
 any prompt still being prefilled, into a single batch, decodes it, and samples each sequence
 with its own sampler chain. New requests join at the next step; a finished or cancelled
@@ -137,7 +137,10 @@ class LlamaCppEngine:
         cparams.n_batch = self._n_batch
         cparams.n_ubatch = self._n_batch
         cparams.n_seq_max = parallel
-        cparams.kv_unified = True  # prefixes can be shared between sequences
+        # One KV stream per sequence: attention then spans only that sequence's own cells,
+        # not every prefix the other slots keep cached. Sharing a prefix across slots
+        # copies the stream (see `_admit_pending`).
+        cparams.kv_unified = False
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.no_perf = True
@@ -274,12 +277,11 @@ class LlamaCppEngine:
             slot = placement.slot
             seq = slot.seq_id
             if placement.copy_from is not None:
+                # Streams are copied whole (llama.cpp copies the buffer at the next decode);
+                # the tail past the shared prefix is then dropped.
                 llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-                llama_cpp.llama_memory_seq_cp(
-                    self._mem, placement.copy_from.seq_id, seq, 0, placement.reuse
-                )
-            else:
-                llama_cpp.llama_memory_seq_rm(self._mem, seq, placement.reuse, -1)
+                llama_cpp.llama_memory_seq_cp(self._mem, placement.copy_from.seq_id, seq, -1, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, placement.reuse, -1)
             slot.tokens = job.prompt[: placement.reuse]
             slot.job = job
             slot.cache_key = job.cache_key
