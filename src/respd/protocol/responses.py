@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from respd.protocol.errors import InvalidRequest
+
 
 class _Lenient(BaseModel):
     """Unknown keys are kept (and logged by the API layer), never a 400."""
@@ -100,3 +102,15 @@ INCLUDABLE = frozenset(
         "message.output_text.logprobs",
     }
 )
+
+
+def check_include(values: list[str]) -> None:
+    """Every `include` value must be one OpenAI defines."""
+    for value in values:
+        if value not in INCLUDABLE:
+            raise InvalidRequest(
+                f"Invalid value for 'include': {value!r}. Supported values are: "
+                f"{', '.join(sorted(INCLUDABLE))}.",
+                param="include",
+                code="invalid_value",
+            )

@@ -23,7 +23,7 @@ from respd.engines.base import (
 )
 from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
 from respd.protocol.input_tokens import InputTokensRequest
-from respd.protocol.responses import INCLUDABLE, CreateResponseRequest
+from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.events import ResponseEventMachine, Usage
@@ -102,14 +102,7 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
     """Fields whose behaviour is not built yet: a 400 that names them, never silence."""
     if req.prompt is not None:
         raise Unsupported("Stored prompt templates are not supported.", param="prompt")
-    for value in req.include or []:
-        if value not in INCLUDABLE:
-            raise InvalidRequest(
-                f"Invalid value for 'include': {value!r}. Supported values are: "
-                f"{', '.join(sorted(INCLUDABLE))}.",
-                param="include",
-                code="invalid_value",
-            )
+    check_include(req.include or [])
     if "message.output_text.logprobs" in (req.include or []) or (req.top_logprobs or 0) > 0:
         raise Unsupported("Logprobs are not supported by this server yet.", param="top_logprobs")
     if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
