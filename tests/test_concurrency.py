@@ -94,24 +94,7 @@ def test_ten_concurrent_streams_complete_with_their_own_outputs(
 
 def test_stream_disconnect_cancels_generation(server: RespdServer, http: httpx.Client) -> None:
     before = _engine(http)
-    with httpx.stream(
-        "POST",
-        server.base_url + "/v1/responses",
-        json={
-            "model": MODEL_ID,
-            "input": "Write a very long story.",
-            "stream": True,
-            "max_output_tokens": 1500,
-            "temperature": 1.0,
-        },
-        timeout=60,
-    ) as r:
-        seen = 0
-        for line in r.iter_lines():
-            if line.startswith("data:") and "output_text.delta" in line:
-                seen += 1
-                if seen >= 3:
-                    break  # leaving the block closes the connection mid-stream
+    _long_stream(server).close()  # the client leaves mid-stream
     stats = _after_cancel(http, before)
     assert stats["running"] == 0
     # The cancelled generation stopped far short of its 1,500-token budget.
