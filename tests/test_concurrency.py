@@ -94,7 +94,7 @@ def test_ten_concurrent_streams_complete_with_their_own_outputs(
 
 def test_stream_disconnect_cancels_generation(server: RespdServer, http: httpx.Client) -> None:
     before = _engine(http)
-    _long_stream(server).close()  # the client leaves mid-stream
+    _LongStream(server).close()  # the client leaves mid-stream
     stats = _after_cancel(http, before)
     assert stats["running"] == 0
     # The cancelled generation stopped far short of its 1,500-token budget.
@@ -111,9 +111,9 @@ def test_nonstream_disconnect_cancels_generation(server: RespdServer, http: http
             server.base_url + "/v1/chat/completions",
             json={
                 "model": MODEL_ID,
-                "messages": [{"role": "user", "content": "Write a long essay."}],
+                "messages": [{"role": "user", "content": "Write a very long story."}],
                 "max_tokens": 1500,
-                "temperature": 1.0,
+                "temperature": 0,  # greedy runs this prompt to its full budget
             },
             timeout=1.0,
         )
@@ -121,33 +121,50 @@ def test_nonstream_disconnect_cancels_generation(server: RespdServer, http: http
     assert stats["generated_tokens"] - before["generated_tokens"] < 1000
 
 
-def _long_stream(server: RespdServer) -> httpx.Response:
-    """Open a streaming request that would run for a long time; caller closes it."""
-    client = httpx.Client(timeout=60)
-    req = client.build_request(
-        "POST",
-        server.base_url + "/v1/responses",
-        json={
-            "model": MODEL_ID,
-            "input": "Write a very long story.",
-            "stream": True,
-            "max_output_tokens": 1500,
-            "temperature": 1.0,
-        },
-    )
-    r = client.send(req, stream=True)
-    assert r.status_code == 200
-    for line in r.iter_lines():
-        if "output_text.delta" in line:
-            break  # generating now: the slot is taken
-    return r
+class _LongStream:
+    """A streaming request that would run for a long time, held open until `close()`."""
+
+    def __init__(self, server: RespdServer) -> None:
+        self.client = httpx.Client(timeout=60)  # kept: dropping it would drop the stream
+        req = self.client.build_request(
+            "POST",
+            server.base_url + "/v1/responses",
+            json={
+                "model": MODEL_ID,
+                "input": "Write a very long story.",
+                "stream": True,
+                "max_output_tokens": 1500,
+                "temperature": 0,  # greedy runs this prompt to its full budget
+            },
+        )
+        self.response = self.client.send(req, stream=True)
+        assert self.response.status_code == 200
+        # Held too: a line iterator dropped mid-way closes the response, i.e. disconnects.
+        self.lines = self.response.iter_lines()
+        for line in self.lines:
+            if "output_text.delta" in line:
+                break  # generating now: the slot is taken
+
+    def close(self) -> None:
+        self.response.close()
+        self.client.close()
 
 
 def test_full_queue_answers_503_and_cancel_frees_the_slot(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, "--ctx-size", "2048", "--parallel", "1", "--max-queue", "1")
+    srv = start_server(
+        tmp_path,
+        "--ctx-size",
+        "2048",
+        "--parallel",
+        "1",
+        "--max-queue",
+        "1",
+        "--sse-keepalive-secs",
+        "0.3",
+    )
     try:
         http = httpx.Client(base_url=srv.base_url, timeout=60)
-        running = _long_stream(srv)
+        running = _LongStream(srv)
         # One request may wait in the queue; it is admitted and waits (streaming).
         waiting = httpx.Client(timeout=60).send(
             http.build_request(
@@ -172,10 +189,15 @@ def test_full_queue_answers_503_and_cancel_frees_the_slot(tmp_path: Path) -> Non
             assert r.status_code == 503, r.text
             assert r.headers["retry-after"] == "1"
             assert r.json()["error"]["code"] == "server_is_overloaded"
+        time.sleep(1.0)  # a quiet second in the queue: keep-alive comments flow meanwhile
         # Dropping the long stream frees its slot: the queued request now runs to the end.
         running.close()
-        events = [line for line in waiting.iter_lines() if line.startswith("event: ")]
+        lines = [line for line in waiting.iter_lines() if line]
+        events = [line for line in lines if line.startswith("event: ")]
         assert events[-1] in ("event: response.completed", "event: response.incomplete")
+        first_item = lines.index("event: response.output_item.added")
+        assert ": keep-alive" in lines[:first_item], "no keep-alive while queued"
+        assert all(line.startswith(("event: ", "data: ", ": keep-alive")) for line in lines)
         waiting.close()
         stats = _engine(http)
         assert stats["cancelled"] == 1 and stats["running"] == 0 and stats["queued"] == 0

@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     max_queue: int = Field(
         64, ge=0, description="Requests that may wait for a free slot; beyond it: 503."
     )
+    sse_keepalive_secs: float = Field(
+        15.0,
+        ge=0.0,
+        description="Send an SSE ': keep-alive' comment after this many quiet seconds on a "
+        "stream (e.g. while a request waits for a slot); 0 disables.",
+    )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file overriding the one in the GGUF."
     )

@@ -75,6 +75,7 @@ def serve(settings: Settings) -> int:
             max_output_tokens=settings.max_output_tokens,
         ),
         store,
+        sse_keepalive=settings.sse_keepalive_secs,
     )
     config = uvicorn.Config(
         app,

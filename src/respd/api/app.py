@@ -22,7 +22,11 @@ from respd.store import MemoryStore, Store
 
 
 def create_app(
-    engine: Engine, defaults: SamplingDefaults | None = None, store: Store | None = None
+    engine: Engine,
+    defaults: SamplingDefaults | None = None,
+    store: Store | None = None,
+    *,
+    sse_keepalive: float = 15.0,
 ) -> FastAPI:
     """Build the app. The store is owned by the app from here on: closed at shutdown."""
     defaults = defaults or SamplingDefaults()
@@ -42,6 +46,7 @@ def create_app(
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.engine = engine
     app.state.started_at = int(time.time())
+    app.state.sse_keepalive = sse_keepalive
     app.state.responses = service
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)

@@ -52,4 +52,4 @@ async def chat_completions(request: Request) -> Response:
                     yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
         yield sse_frame("[DONE]")
 
-    return EventStreamResponse(frames())
+    return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)

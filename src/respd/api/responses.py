@@ -39,7 +39,7 @@ def _stored(request: Request) -> StoredResponses:
     return stored
 
 
-def _sse(events: AsyncGenerator[dict[str, Any], None]) -> EventStreamResponse:
+def _sse(request: Request, events: AsyncGenerator[dict[str, Any], None]) -> EventStreamResponse:
     """SSE frames of `events`; closing the response closes `events` at once."""
 
     async def frames() -> AsyncIterator[bytes]:
@@ -47,7 +47,7 @@ def _sse(events: AsyncGenerator[dict[str, Any], None]) -> EventStreamResponse:
             async for event in events:
                 yield sse_frame(event, event["type"])
 
-    return EventStreamResponse(frames())
+    return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)
 
 
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
@@ -67,7 +67,7 @@ async def create_response(request: Request) -> Response:
         job = await _jobs(request).start(prepared)
         if body.stream:
             # A background stream outlives its client: disconnecting stops only the follow.
-            return _sse(job.follow(after=-1))
+            return _sse(request, job.follow(after=-1))
         return JSONResponse(dump(job.machine.snapshot()))
     if body.stream:
         stream = service.respond(prepared)  # admission errors (503) surface before any SSE
@@ -77,7 +77,7 @@ async def create_response(request: Request) -> Response:
                 async for event in stream:
                     yield dump(event)
 
-        return _sse(events())
+        return _sse(request, events())
     machine = await until_disconnect(request, _collect(service, prepared))
     return JSONResponse(dump(machine.snapshot()))
 
@@ -101,7 +101,7 @@ async def retrieve_response(
     include_param(request)
     owner = owner_of(request)
     if stream:
-        return _sse(await _stored(request).open_stream(owner, response_id, starting_after))
+        return _sse(request, await _stored(request).open_stream(owner, response_id, starting_after))
     return JSONResponse(await _stored(request).retrieve(owner, response_id))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -35,17 +36,42 @@ def sse_frame(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     return f"{head}data: {payload}\n\n".encode()
 
 
-class EventStreamResponse(StreamingResponse):
-    """`text/event-stream` that always closes its iterator, and notices a disconnect even
-    while no event is being written (e.g. a request still waiting in the engine queue)."""
+KEEPALIVE = b": keep-alive\n\n"
 
-    def __init__(self, content: AsyncIterator[bytes]) -> None:
+
+class EventStreamResponse(StreamingResponse):
+    """`text/event-stream` that always closes its iterator, notices a disconnect even while
+    no event is being written (e.g. a request still waiting in the engine queue), and sends
+    a `: keep-alive` comment after `keepalive` quiet seconds so proxies and clients do not
+    give up on a long wait (0 disables them)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, keepalive: float = 0.0) -> None:
+        self._source = content
+        self._keepalive = keepalive
+        self._send_ch, self._recv_ch = anyio.create_memory_object_stream[bytes](math.inf)
         super().__init__(
-            content,
+            self._frames(),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
-        self._events = content
+
+    async def _pump(self) -> None:
+        async with self._send_ch:
+            async for frame in self._source:
+                await self._send_ch.send(frame)
+
+    async def _frames(self) -> AsyncIterator[bytes]:
+        async with self._recv_ch:
+            while True:
+                with anyio.move_on_after(self._keepalive or math.inf) as quiet:
+                    try:
+                        frame = await self._recv_ch.receive()
+                    except anyio.EndOfStream:
+                        return
+                if quiet.cancelled_caught:
+                    yield KEEPALIVE
+                else:
+                    yield frame
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def watch_disconnect(cancel: anyio.CancelScope) -> None:
@@ -66,9 +92,10 @@ class EventStreamResponse(StreamingResponse):
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch_disconnect, tg.cancel_scope)
+                tg.start_soon(self._pump)
                 tg.start_soon(stream, tg.cancel_scope)
         finally:
-            aclose = getattr(self._events, "aclose", None)
+            aclose = getattr(self._source, "aclose", None)
             if aclose is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
