@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.streaming import ClientGone
-from respd.protocol.errors import APIError, InvalidRequest
+from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +41,7 @@ def validation_error(exc: ValidationError | RequestValidationError) -> InvalidRe
     err = exc.errors()[0]
     param = _param_from_loc(tuple(err.get("loc", ())))
     if err.get("type") == "missing":
-        return InvalidRequest(
-            f"Missing required parameter: '{param}'.",
-            param=param,
-            code="missing_required_parameter",
-        )
+        return MissingParameter(param)
     return InvalidRequest(
         f"Invalid value for '{param}': {err.get('msg', 'invalid value')}.",
         param=param,

@@ -49,6 +49,17 @@ class InvalidRequest(APIError):
     """400: the request is malformed or asks for something we do not do."""
 
 
+class MissingParameter(InvalidRequest):
+    """400: a required parameter is absent (OpenAI's `missing_required_parameter`)."""
+
+    def __init__(self, param: str | None) -> None:
+        super().__init__(
+            f"Missing required parameter: '{param}'.",
+            param=param,
+            code="missing_required_parameter",
+        )
+
+
 class NotFound(APIError):
     status_code = 404
 

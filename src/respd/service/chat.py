@@ -21,7 +21,7 @@ from respd.engines.base import (
     ToolCall,
 )
 from respd.protocol.chat import ChatCompletionRequest
-from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
+from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported, model_not_found
 from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.ids import new_id
@@ -94,18 +94,10 @@ def _tool_calls(raw: Any, param: str) -> list[ToolCall]:
         p = f"{param}[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise InvalidRequest(
-                f"Missing required parameter: '{p}.function.name'.",
-                param=f"{p}.function.name",
-                code="missing_required_parameter",
-            )
+            raise MissingParameter(f"{p}.function.name")
         call_id = call.get("id")
         if not isinstance(call_id, str) or not call_id:
-            raise InvalidRequest(
-                f"Missing required parameter: '{p}.id'.",
-                param=f"{p}.id",
-                code="missing_required_parameter",
-            )
+            raise MissingParameter(f"{p}.id")
         args = fn.get("arguments")
         calls.append(ToolCall(call_id, fn["name"], args if isinstance(args, str) else "{}"))
     return calls
@@ -131,11 +123,7 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
             else []
         )
         if content is None and role != "assistant":
-            raise InvalidRequest(
-                f"Missing required parameter: '{param}.content'.",
-                param=f"{param}.content",
-                code="missing_required_parameter",
-            )
+            raise MissingParameter(f"{param}.content")
         text = (
             "" if content is None else content_text(content, f"{param}.content", model_id=model_id)
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from respd.protocol.errors import InvalidRequest, NotFound
+from respd.protocol.errors import InvalidRequest, MissingParameter, NotFound
 from respd.service.history import conversation_not_found
 from respd.service.ids import new_id
 from respd.service.items import normalize_items, page
@@ -24,11 +24,7 @@ class ConversationsService:
     def _items(self, items: Any, *, required: bool) -> list[JSON]:
         if items is None:
             if required:
-                raise InvalidRequest(
-                    "Missing required parameter: 'items'.",
-                    param="items",
-                    code="missing_required_parameter",
-                )
+                raise MissingParameter("items")
             return []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise InvalidRequest(

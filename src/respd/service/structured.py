@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from respd.engines.base import Engine
-from respd.protocol.errors import InvalidRequest
+from respd.protocol.errors import InvalidRequest, MissingParameter
 from respd.protocol.responses import TextFormat
 from respd.service.constraints import ANY_OBJECT
 from respd.service.output_plan import OutputPlan
@@ -37,11 +37,7 @@ def _schema(kind: str, name: Any, schema: Any, param: str) -> dict[str, Any] | N
             code="invalid_value",
         )
     if not isinstance(schema, dict):
-        raise InvalidRequest(
-            f"Missing required parameter: '{param}.schema'.",
-            param=f"{param}.schema",
-            code="missing_required_parameter",
-        )
+        raise MissingParameter(f"{param}.schema")
     return schema
 
 
@@ -58,11 +54,7 @@ def chat_answer_schema(response_format: dict[str, Any] | None) -> dict[str, Any]
     spec = response_format.get("json_schema")
     spec = spec if isinstance(spec, dict) else {}
     if kind == "json_schema" and not response_format.get("json_schema"):
-        raise InvalidRequest(
-            "Missing required parameter: 'response_format.json_schema'.",
-            param="response_format.json_schema",
-            code="missing_required_parameter",
-        )
+        raise MissingParameter("response_format.json_schema")
     return _schema(
         str(kind),
         spec.get("name"),

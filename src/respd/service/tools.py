@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from respd.protocol.errors import InvalidRequest, Unsupported
+from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.constraints import SchemaRejected, check_schema
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -123,11 +123,7 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[FunctionTool]:
             )
         fn = tool.get("function")
         if not isinstance(fn, dict):
-            raise _bad(
-                f"Missing required parameter: '{param}.function'.",
-                f"{param}.function",
-                "missing_required_parameter",
-            )
+            raise MissingParameter(f"{param}.function")
         out.append(_function_tool(fn, f"{param}.function"))
     return _check_unique(out, "tools")
 
@@ -207,11 +203,7 @@ def chat_tool_choice(choice: Any, tools: list[FunctionTool]) -> ToolPolicy:
     if kind == "allowed_tools":
         spec = choice.get("allowed_tools")
         if not isinstance(spec, dict):
-            raise _bad(
-                "Missing required parameter: 'tool_choice.allowed_tools'.",
-                "tool_choice.allowed_tools",
-                "missing_required_parameter",
-            )
+            raise MissingParameter("tool_choice.allowed_tools")
         return _allowed(
             spec.get("mode"), spec.get("tools"), tools, "tool_choice.allowed_tools", nested=True
         )

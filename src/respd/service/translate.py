@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from respd.engines.base import ChatMessage, ToolCall
-from respd.protocol.errors import InvalidRequest, Unsupported
+from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -57,11 +57,7 @@ def content_text(content: Any, param: str, *, model_id: str) -> str:
         if kind in _TEXT_PARTS:
             text = part.get("text")
             if not isinstance(text, str):
-                raise InvalidRequest(
-                    f"Missing required parameter: '{p}.text'.",
-                    param=f"{p}.text",
-                    code="missing_required_parameter",
-                )
+                raise MissingParameter(f"{p}.text")
             texts.append(text)
         elif kind == "refusal":
             texts.append(str(part.get("refusal", "")))
@@ -105,17 +101,9 @@ def input_to_messages(
         kind = item.get("type", "message")
         if kind == "message":
             if "role" not in item:
-                raise InvalidRequest(
-                    f"Missing required parameter: '{param}.role'.",
-                    param=f"{param}.role",
-                    code="missing_required_parameter",
-                )
+                raise MissingParameter(f"{param}.role")
             if "content" not in item:
-                raise InvalidRequest(
-                    f"Missing required parameter: '{param}.content'.",
-                    param=f"{param}.content",
-                    code="missing_required_parameter",
-                )
+                raise MissingParameter(f"{param}.content")
             role = _role(item["role"], f"{param}.role")
             text = content_text(item["content"], f"{param}.content", model_id=model_id)
             messages.append(ChatMessage(role, text))
@@ -141,11 +129,7 @@ def input_to_messages(
 def _required_str(item: dict[str, Any], key: str, param: str) -> str:
     value = item.get(key)
     if not isinstance(value, str) or not value:
-        raise InvalidRequest(
-            f"Missing required parameter: '{param}.{key}'.",
-            param=f"{param}.{key}",
-            code="missing_required_parameter",
-        )
+        raise MissingParameter(f"{param}.{key}")
     return value
 
 
@@ -181,11 +165,7 @@ def _function_call_output(
             code="invalid_value",
         )
     if "output" not in item:
-        raise InvalidRequest(
-            f"Missing required parameter: '{param}.output'.",
-            param=f"{param}.output",
-            code="missing_required_parameter",
-        )
+        raise MissingParameter(f"{param}.output")
     output = content_text(item["output"], f"{param}.output", model_id=model_id)
     messages.append(ChatMessage("tool", output, tool_call_id=call_id, name=calls[call_id].name))
 
