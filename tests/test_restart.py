@@ -16,9 +16,16 @@ from tests.conftest import RespdServer, start_server
 from tests.stateful import LONG_PROMPT, create, strict
 
 
-def _start(tmp_path: Path) -> RespdServer:
+def _start(tmp_path: Path, *extra: str) -> RespdServer:
     return start_server(
-        tmp_path, "--data-dir", str(tmp_path / "data"), "--ctx-size", "2048", "--threads", "2"
+        tmp_path,
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        *extra,
     )
 
 
@@ -136,3 +143,25 @@ def test_memory_store_flags_reach_the_server(tmp_path: Path) -> None:
     finally:
         server.stop()
     server.assert_no_5xx()
+
+
+def test_job_killed_right_after_creation_replays_from_created(tmp_path: Path) -> None:
+    """A background job killed at once, possibly before any of its event log reached the
+    store, comes back failed, and its replay still opens with response.created."""
+    first = _start(tmp_path, "--parallel", "1")
+    client = first.client()
+    busy = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+    waiting = create(client, "Say hi.", background=True)  # behind `busy` for the only slot
+    _kill(first, signal.SIGKILL)
+
+    second = _start(tmp_path)
+    client = second.client()
+    for job in (busy, waiting):
+        failed = strict(client.responses.retrieve(job.id))
+        assert failed.status == "failed" and failed.error is not None
+        events = list(client.responses.retrieve(job.id, stream=True))
+        assert events[0].type == "response.created" and events[-1].type == "response.failed"
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[0].response.id == job.id
+    _kill(second, signal.SIGTERM)
+    second.assert_no_5xx()

@@ -175,15 +175,22 @@ class BackgroundJobs:
         for record in await self.store.unfinished_responses():
             if record.id in self.jobs:
                 continue
-            response = dict(record.response)
-            response["status"] = "failed"
+            before = dict(record.response)
+            response = {**before, "status": "failed"}
             response["error"] = {"code": "server_error", "message": RESTARTED}
             record.status = "failed"
             record.response = response
             recorded = await self.store.read_events(record.owner, record.id, -1)
-            seq = recorded[-1]["sequence_number"] + 1 if recorded else 0
-            event = {"type": "response.failed", "sequence_number": seq, "response": response}
-            await self.store.save_response(record, events=[event])
+            events: list[JSON] = []
+            if not recorded:
+                # Killed before its first events reached the store: a replay still has to
+                # start with response.created, so the log is opened from the stored record.
+                events.append(
+                    {"type": "response.created", "sequence_number": 0, "response": before}
+                )
+            seq = recorded[-1]["sequence_number"] + 1 if recorded else len(events)
+            events.append({"type": "response.failed", "sequence_number": seq, "response": response})
+            await self.store.save_response(record, events=events)
             count += 1
         if count:
             log.warning("marked %d unfinished background response(s) as failed", count)
