@@ -5,9 +5,11 @@ An engine knows models, templates and tokens; it knows nothing of the Responses 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -37,6 +39,20 @@ class ToolCall:
         }
 
 
+@dataclass(frozen=True, eq=False)
+class Image:
+    """An image for a vision model: the encoded file (PNG, JPEG, ...), already decoded from
+    its data URI / file / URL and checked by the service."""
+
+    data: bytes
+    mime_type: str = ""
+
+    @cached_property
+    def digest(self) -> str:
+        """Content hash: equal images share KV-cache prefixes whatever their source."""
+        return hashlib.sha256(self.data).hexdigest()
+
+
 @dataclass
 class ChatMessage:
     """One turn of the canonical conversation the service builds from API input."""
@@ -46,6 +62,12 @@ class ChatMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)  # assistant turns
     tool_call_id: str | None = None  # tool turns: the call this answers
     name: str | None = None  # tool turns: the function that produced it
+    # Images of this turn, in order; each sits in `content` where the engine's
+    # `media_marker` appears (one marker per image).
+    images: list[Image] = field(default_factory=list)
+    # Assistant turns: reasoning text of this turn (from `reasoning` input items), for
+    # templates that render it (`reasoning_content`).
+    reasoning: str | None = None
 
     def as_template_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -69,6 +91,26 @@ class SamplingParams:
     # GBNF text the sampler must follow (llama.cpp grammar syntax, root rule `root`); the
     # service builds it from tool and response schemas. None: free generation.
     grammar: str | None = None
+    # None: no logprobs. N (0-20): each generated token's logprob under the model, plus the
+    # N most likely alternatives at that step.
+    logprobs: int | None = None
+
+
+@dataclass
+class TopLogprob:
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token and how likely the model found it (natural log)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +119,8 @@ class TokenChunk:
 
     text: str
     token_ids: list[int] = field(default_factory=list)
+    # One entry per token id when `SamplingParams.logprobs` is set.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -124,6 +168,8 @@ class Engine(Protocol):
     model_id: str
     context_window: int
     template_source: str  # the chat template in use, for tool-format detection
+    vision: bool  # the model sees images (a projector is loaded)
+    media_marker: str  # where an image goes in rendered text: one marker per image
 
     def render_prompt(
         self,
@@ -131,23 +177,36 @@ class Engine(Protocol):
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render through the chat template; `tools` (`{"type":"function","function":…}`)
-        reach it as the `tools` variable, the Hugging Face convention."""
+        reach it as the `tools` variable, the Hugging Face convention; `template_kwargs`
+        (e.g. `enable_thinking`, `reasoning_effort`) become further template variables."""
         ...
 
     def check_grammar(self, grammar: str) -> None:
         """Raise ValueError when the engine's grammar sampler cannot parse `grammar`."""
         ...
 
-    def tokenize(self, prompt: str) -> list[int]: ...
+    def tokenize(self, prompt: str, images: Sequence[Image] = ()) -> list[int]:
+        """Token ids of a rendered prompt. Each `media_marker` in it is replaced by the
+        positions of the next image in `images`, as placeholder ids (< 0) derived from the
+        image's digest, so prompt lengths and prefix matching count images too. Raises
+        ValueError when markers and images disagree or the model has no vision."""
+        ...
 
     def generate(
-        self, prompt_tokens: list[int], params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        images: Sequence[Image] = (),
     ) -> GenerationStream:
         """Admit a request at once (raising `EngineBusy` when full) and return its stream of
         generated text; closing the stream early cancels the generation. `cache_key` steers
-        requests that share a prompt prefix to the same cache slot."""
+        requests that share a prompt prefix to the same cache slot. `images` are those
+        `tokenize` placed in `prompt_tokens`, in the same order."""
         ...
 
     def stats(self) -> EngineStats: ...

@@ -30,6 +30,7 @@ from llama_cpp._logger import set_verbose as set_llama_verbose
 from respd.engines.base import (
     ChatMessage,
     EngineBusy,
+    Image,
     EngineStats,
     FinishReason,
     GenerationDone,
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 # Special tokens that end an assistant turn in the common template families; each counts
 # as a stop token when the vocabulary has it as a single token and the template uses it.
 _END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+# Where an image goes in rendered text (llama.cpp's own multimodal marker).
+MEDIA_MARKER = "<__media__>"
 
 
 @dataclass(eq=False)
@@ -120,6 +123,8 @@ class LlamaCppEngine:
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
+        self.vision = False
+        self.media_marker = MEDIA_MARKER
         self.parallel = parallel
         self.max_queue = max_queue
         self._top_k = top_k
@@ -190,8 +195,11 @@ class LlamaCppEngine:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        extra: dict[str, Any] = dict(template_kwargs or {})
+        if tools:
+            extra["tools"] = tools
         return self.template.render(
             [m.as_template_dict() for m in messages],
             add_generation_prompt=add_generation_prompt,
@@ -203,7 +211,9 @@ class LlamaCppEngine:
         # crash the process, so every grammar is parsed here first.
         GrammarCheckedSampler(None, self._vocab, grammar, 0).close()
 
-    def tokenize(self, prompt: str) -> list[int]:
+    def tokenize(self, prompt: str, images: Sequence[Image] = ()) -> list[int]:
+        if images:
+            raise ValueError(f"the model '{self.model_id}' has no image input")
         # The rendered template already carries any BOS it wants; special tokens in it
         # (e.g. <|im_start|>) must map to their ids.
         return self._model.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
@@ -216,10 +226,17 @@ class LlamaCppEngine:
     # -- admission ------------------------------------------------------------------------
 
     def generate(
-        self, prompt_tokens: list[int], params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt_tokens: list[int],
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        images: Sequence[Image] = (),
     ) -> GenerationStream:
         """Admit a request now (raising `EngineBusy` when slots and queue are full) and
         return its event stream; closing the stream cancels the request."""
+        if images:
+            raise ValueError(f"the model '{self.model_id}' has no image input")
         job = _Job(
             list(prompt_tokens), params, cache_key, asyncio.get_running_loop(), asyncio.Queue()
         )

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from respd.engines.base import ChatMessage, Engine
+from respd.engines.base import ChatMessage, Engine, Image
 from respd.engines.chat_template import ChatTemplateError
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest
 
 
+def message_images(messages: list[ChatMessage]) -> list[Image]:
+    """Every image of the conversation, in prompt order."""
+    return [image for m in messages for image in m.images]
+
+
 def render_tokens(
-    engine: Engine, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None
+    engine: Engine,
+    messages: list[ChatMessage],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[int]:
     try:
-        prompt = engine.render_prompt(messages, tools=tools)
+        prompt = engine.render_prompt(messages, tools=tools, template_kwargs=template_kwargs)
     except ChatTemplateError as exc:
         raise InvalidRequest(
             f"The model's chat template rejected this conversation: {exc}", param="input"
         ) from exc
-    return engine.tokenize(prompt)
+    try:
+        return engine.tokenize(prompt, message_images(messages))
+    except ValueError as exc:
+        raise InvalidRequest(f"The input cannot be processed: {exc}.", param="input") from exc
 
 
 def fit_to_context(
@@ -29,6 +40,7 @@ def fit_to_context(
     truncation: str,
     param: str = "input",
     tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[list[ChatMessage], list[int]]:
     """Render and tokenize `messages` so that prompt + `reserve` tokens fit the window.
 
@@ -44,7 +56,7 @@ def fit_to_context(
             param="max_output_tokens",
         )
     messages = list(messages)
-    tokens = render_tokens(engine, messages, tools)
+    tokens = render_tokens(engine, messages, tools, template_kwargs)
     while len(tokens) + reserve > window:
         if truncation != "auto":
             raise ContextLengthExceeded(
@@ -64,5 +76,5 @@ def fit_to_context(
                 param=param,
             )
         del messages[droppable[0]]
-        tokens = render_tokens(engine, messages, tools)
+        tokens = render_tokens(engine, messages, tools, template_kwargs)
     return messages, tokens

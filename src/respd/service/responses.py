@@ -18,6 +18,7 @@ from respd.engines.base import (
     Engine,
     GenerationDone,
     GenerationStream,
+    Image,
     SamplingParams,
     TokenChunk,
 )
@@ -25,7 +26,7 @@ from respd.protocol.errors import InvalidRequest, Unsupported, model_not_found
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.service.admission import admit
-from respd.service.context import fit_to_context
+from respd.service.context import fit_to_context, message_images
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
@@ -57,6 +58,11 @@ class PreparedResponse:
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
     plan: OutputPlan | None = None  # tools / structured output: grammar and parser
+
+    @property
+    def images(self) -> list[Image]:
+        """The images `prompt_tokens` holds, in order."""
+        return message_images(self.messages)
 
     @property
     def stored(self) -> bool:
@@ -319,7 +325,11 @@ class ResponsesService:
         return the events; closing the iterator cancels the generation."""
         req = prepared.request
         generation = admit(
-            self.engine, prepared.prompt_tokens, prepared.sampling, req.prompt_cache_key or req.user
+            self.engine,
+            prepared.prompt_tokens,
+            prepared.sampling,
+            req.prompt_cache_key or req.user,
+            prepared.images,
         )
         return self._events(prepared, machine or ResponseEventMachine(prepared.echo), generation)
 
