@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from respd.store.base import ConversationRecord, ResponseRecord, Store
+from respd.store.base import ConversationRecord, FileRecord, ResponseRecord, Store
 from respd.store.memory import Limits, MemoryStore
 from respd.store.sqlite import SqliteStore
 
 __all__ = [
     "ConversationRecord",
+    "FileRecord",
     "Limits",
     "MemoryStore",
     "ResponseRecord",

@@ -55,6 +55,34 @@ class ConversationRecord:
         }
 
 
+@dataclass
+class FileRecord:
+    """An uploaded file (`POST /v1/files`); its bytes are kept beside it in the store."""
+
+    id: str  # file-...
+    owner: str
+    created_at: int
+    filename: str
+    purpose: str
+    bytes: int
+    mime_type: str  # e.g. application/pdf, text/plain; from the upload, else guessed
+    expires_at: int | None = None
+
+    def as_object(self) -> JSON:
+        """The OpenAI `FileObject`."""
+        return {
+            "id": self.id,
+            "object": "file",
+            "bytes": self.bytes,
+            "created_at": self.created_at,
+            "filename": self.filename,
+            "purpose": self.purpose,
+            "status": "processed",
+            "expires_at": self.expires_at,
+            "status_details": None,
+        }
+
+
 class Store(Protocol):
     """Persistence for responses, conversations and background event logs.
 
@@ -117,5 +145,21 @@ class Store(Protocol):
     async def delete_conversation_item(
         self, owner: str, conversation_id: str, item_id: str
     ) -> bool: ...
+
+    async def save_file(self, record: FileRecord, content: bytes) -> None:
+        """Insert a file and its bytes in one write."""
+        ...
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        """None when unknown, owned by someone else, or past `expires_at`."""
+        ...
+
+    async def file_content(self, owner: str, file_id: str) -> bytes | None: ...
+
+    async def list_files(self, owner: str) -> list[FileRecord]:
+        """The owner's unexpired files, oldest first."""
+        ...
+
+    async def delete_file(self, owner: str, file_id: str) -> bool: ...
 
     async def close(self) -> None: ...
