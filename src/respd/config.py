@@ -87,6 +87,12 @@ class Settings(BaseSettings):
         description="Send an SSE ': keep-alive' comment after this many quiet seconds on a "
         "stream (e.g. while a request waits for a slot); 0 disables.",
     )
+    repack: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Let llama.cpp repack weights into CPU-specific layouts (AMX, AVX2 "
+        "tiles), llama-server's --repack/--no-repack. auto: on, except on CPUs that advertise "
+        "AMX, where ggml's AMX kernels crash under some hypervisors.",
+    )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file overriding the one in the GGUF."
     )
@@ -143,6 +149,10 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."
     )
+
+    def repack_weights(self) -> bool | None:
+        """None: let the engine decide (auto)."""
+        return None if self.repack == "auto" else self.repack == "on"
 
     def model_path(self) -> Path:
         return Path(self.model).expanduser() if self.model else embedded_model_path()

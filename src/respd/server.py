@@ -34,6 +34,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
             parallel=settings.parallel,
             max_queue=settings.max_queue,
             chat_template=template,
+            repack=settings.repack_weights(),
         )
     console.print(
         f"Loaded {path.name} in {time.monotonic() - started:.1f}s "

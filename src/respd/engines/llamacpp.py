@@ -30,12 +30,12 @@ from llama_cpp._logger import set_verbose as set_llama_verbose
 from respd.engines.base import (
     ChatMessage,
     EngineBusy,
-    Image,
     EngineStats,
     FinishReason,
     GenerationDone,
     GenerationEvent,
     GenerationStream,
+    Image,
     SamplingParams,
     TokenChunk,
 )
@@ -50,6 +50,15 @@ log = logging.getLogger(__name__)
 _END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 # Where an image goes in rendered text (llama.cpp's own multimodal marker).
 MEDIA_MARKER = "<__media__>"
+
+
+def cpu_advertises_amx() -> bool:
+    """Whether /proc/cpuinfo lists AMX (Linux only; elsewhere False)."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and " amx_int8" in line for line in cpuinfo.splitlines())
 
 
 @dataclass(eq=False)
@@ -120,6 +129,7 @@ class LlamaCppEngine:
         chat_template: str | None = None,
         top_k: int = 40,
         min_p: float = 0.05,
+        repack: bool | None = None,
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
@@ -132,6 +142,9 @@ class LlamaCppEngine:
         set_llama_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own chatter
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        # Repacked (AMX / tiled) weight buffers are faster where they work, but ggml's AMX
+        # kernels segfault in some VMs that advertise AMX; `--repack` decides.
+        mparams.use_extra_bufts = (not cpu_advertises_amx()) if repack is None else repack
         self._model = internals.LlamaModel(
             path_model=str(model_path), params=mparams, verbose=False
         )
