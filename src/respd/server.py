@@ -78,6 +78,7 @@ def serve(settings: Settings) -> int:
         ),
         store,
         sse_keepalive=settings.sse_keepalive_secs,
+        max_file_bytes=settings.max_file_bytes,
     )
     config = uvicorn.Config(
         app,
