@@ -312,6 +312,8 @@ class MemoryStore:
 
     async def save_file(self, record: FileRecord, content: bytes) -> None:
         self._purge_expired_files()  # expired bytes must not evict live files
+        if _expired(record, self.wall_clock()):
+            return  # invisible from the start
         self.files.put(record.id, _StoredFile(replace(record), bytes(content)), len(content))
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord | None:

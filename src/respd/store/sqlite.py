@@ -283,14 +283,14 @@ class SqliteStore:
         )
 
         def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO files ({_FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
             # Expired files are invisible to every read; their rows are purged here, lazily.
             conn.execute(
                 "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?",
                 (int(time.time()),),
-            )
-            conn.execute(
-                f"INSERT INTO files ({_FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
             )
 
         await self._run(write)
