@@ -143,8 +143,9 @@ class Settings(BaseSettings):
     files_store_max_bytes: int = Field(
         1073741824,
         ge=0,
-        description="Memory store: bytes of uploaded file contents kept, oldest evicted first; "
-        "0 keeps the routes but evicts every file at once.",
+        description="Memory store: bytes of uploaded file contents kept, oldest evicted first "
+        "(a file larger than this is not kept); 0 keeps the routes but evicts every file at "
+        "once.",
     )
     max_file_bytes: int = Field(
         67108864,

@@ -124,7 +124,7 @@ async def read_file(
     `file_id`, e.g. `input[0].content[1].file_id`) when the owner cannot see it."""
     record = await store.get_file(owner, file_id)
     content = await store.file_content(owner, file_id) if record is not None else None
-    if record is None or content is None:  # None twice: deleted between the two reads
+    if record is None or content is None:  # content None: deleted between the two reads
         raise file_not_found(file_id, param=param)
     return record, content
 
