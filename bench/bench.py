@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from respd.config import Settings  # noqa: E402
+from respd.engines.llamacpp import cpu_advertises_amx  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a lighthouse keeper.",
@@ -108,6 +109,8 @@ def start_respd(args: argparse.Namespace, log_dir: Path) -> Server:
         str(args.threads),
         "--parallel",
         str(args.parallel),
+        "--repack",
+        "on" if args.repack else "off",
         "--log-level",
         "warning",
     ]
@@ -143,6 +146,7 @@ def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
         "--alias",
         "bench",
         "--no-webui",
+        "--repack" if args.repack else "--no-repack",
     ]
     log = (log_dir / "llama-server.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
@@ -273,32 +277,42 @@ async def run_level(
 
 
 def in_process_ceiling(args: argparse.Namespace, max_tokens: int) -> float:
-    """Single-stream decode tokens/s of llama-cpp-python itself, no server, no HTTP."""
-    import llama_cpp
+    """Single-stream greedy decode tokens/s of llama-cpp-python itself, no server, no HTTP.
 
-    llm = llama_cpp.Llama(
-        str(args.model),
-        n_ctx=args.ctx_size,
-        n_threads=args.threads,
-        n_threads_batch=args.threads,
-        verbose=False,
-    )
+    The low-level API, because `llama_cpp.Llama` cannot switch weight repacking off."""
+    import llama_cpp
+    from llama_cpp import _internals as internals
+
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.use_extra_bufts = args.repack
+    model = internals.LlamaModel(path_model=str(args.model), params=mparams, verbose=False)
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = args.ctx_size
+    cparams.n_threads = cparams.n_threads_batch = args.threads
+    ctx = internals.LlamaContext(model=model, params=cparams, verbose=False)
+    sampler = llama_cpp.llama_sampler_init_greedy()
+    eos = model.token_eos()
     best = 0.0
     for prompt in PROMPTS[:3]:
         text = f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-        tokens = llm.tokenize(text.encode(), add_bos=False, special=True)
-        llm.reset()
+        tokens = model.tokenize(text.encode(), add_bos=False, special=True)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx.ctx), True)
+        batch = (llama_cpp.llama_token * len(tokens))(*tokens)
+        llama_cpp.llama_decode(ctx.ctx, llama_cpp.llama_batch_get_one(batch, len(tokens)))
+        first = time.perf_counter()  # prefill done: time decode only
         n = 0
-        first = 0.0
-        for tok in llm.generate(tokens, temp=0.0):
-            if n == 0:
-                first = time.perf_counter()  # prefill done: time decode only
-            n += 1
-            if n > max_tokens or tok == llm.token_eos():
+        while n < max_tokens:
+            tok = llama_cpp.llama_sampler_sample(sampler, ctx.ctx, -1)
+            if tok == eos:
                 break
-        if n > 1:
-            best = max(best, (n - 1) / (time.perf_counter() - first))
-    llm.close()
+            one = (llama_cpp.llama_token * 1)(tok)
+            llama_cpp.llama_decode(ctx.ctx, llama_cpp.llama_batch_get_one(one, 1))
+            n += 1
+        if n > 0:
+            best = max(best, n / (time.perf_counter() - first))
+    llama_cpp.llama_sampler_free(sampler)
+    ctx.close()
+    model.close()
     return best
 
 
@@ -377,11 +391,18 @@ def main() -> None:
     p.add_argument("--levels", default="1,4,8,16", help="concurrency levels")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument(
+        "--repack",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="weight repacking on both servers and the ceiling (auto: off on AMX CPUs)",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="requests per level = rounds x level (min 4)"
     )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = p.parse_args()
     args.model = args.model or Settings().model_path()
+    args.repack = (not cpu_advertises_amx()) if args.repack == "auto" else args.repack == "on"
     levels = [int(x) for x in args.levels.split(",")]
     log_dir = args.out.parent
     log_dir.mkdir(parents=True, exist_ok=True)
