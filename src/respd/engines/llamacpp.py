@@ -439,7 +439,6 @@ class LlamaCppEngine:
         if job.sampler is not None:
             llama_cpp.llama_sampler_free(job.sampler)
             job.sampler = None
-        job.emit(GenerationDone(reason, len(job.prompt), job.produced, job.cached, error=error))
         if reason == "cancelled":
             self._stats.cancelled += 1
         elif reason != "error":
@@ -454,6 +453,8 @@ class LlamaCppEngine:
         else:
             with self._lock:
                 self._admitted -= 1
+        # Last, so whoever reads it sees the slot free and the counters updated.
+        job.emit(GenerationDone(reason, len(job.prompt), job.produced, job.cached, error=error))
 
     def close(self) -> None:
         with self._lock:
