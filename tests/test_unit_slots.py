@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from respd.engines.slots import Slot, common_prefix, place
+from respd.engines.slots import Slot, clamp_to_spans, common_prefix, place
 
 
 def test_common_prefix() -> None:
@@ -37,3 +37,17 @@ def test_prefers_longest_match_then_key_then_lru() -> None:
 
 def test_no_free_slot() -> None:
     assert place([Slot(0, job=object())], [1, 2]) is None
+
+
+def test_a_reused_prefix_never_ends_inside_an_image_span() -> None:
+    assert clamp_to_spans(5, [(3, 4)]) == 3  # inside [3, 7): back to the span start
+    assert clamp_to_spans(7, [(3, 4)]) == 7  # the whole image matched
+    assert clamp_to_spans(3, [(3, 4)]) == 3
+    # Same text, then the same first image position by chance but another image: the
+    # placeholders diverge inside the span, so nothing of the image is reused.
+    slot = Slot(0, tokens=[1, 2, -5, -6, -7, -8, 3])
+    p = place([slot], [1, 2, -5, -6, -9, -9, 3, 4], spans=[(2, 4)])
+    assert p is not None and p.reuse == 2
+    # An image that is the prompt's last span is reused whole when all of it matches.
+    p = place([slot], [1, 2, -5, -6, -7, -8, 3, 4], spans=[(2, 4)])
+    assert p is not None and p.reuse == 7

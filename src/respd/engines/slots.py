@@ -45,13 +45,27 @@ class Placement:
     copy_from: Slot | None  # share [0, reuse) from this slot's sequence first
 
 
+def clamp_to_spans(n: int, spans: Sequence[tuple[int, int]]) -> int:
+    """`n` moved back to the start of any span `(start, length)` it falls inside: an image is
+    decoded whole or not at all, so a reused prefix never ends inside one."""
+    for start, length in spans:
+        if start < n < start + length:
+            return start
+    return n
+
+
 def place(
-    slots: list[Slot], prompt: Sequence[int], cache_key: str | None = None
+    slots: list[Slot],
+    prompt: Sequence[int],
+    cache_key: str | None = None,
+    spans: Sequence[tuple[int, int]] = (),
 ) -> Placement | None:
     """Choose a free slot for `prompt` and the longest reusable prefix anywhere.
 
     At least the last prompt token is always decoded again, so the first sample comes
     from fresh logits. A `prompt_cache_key` steers toward the slot that last served it.
+    `spans` are the prompt's image spans `(start, length)`, which are reused whole or not
+    at all.
     """
     free = [s for s in slots if s.free]
     if not free:
@@ -59,7 +73,7 @@ def place(
     limit = max(len(prompt) - 1, 0)
 
     def own(s: Slot) -> int:
-        return min(common_prefix(s.tokens, prompt), limit)
+        return clamp_to_spans(min(common_prefix(s.tokens, prompt), limit), spans)
 
     keyed = [s for s in free if cache_key is not None and s.cache_key == cache_key]
     # Prefer a free slot whose own cache matches best; among equals, the keyed one,
