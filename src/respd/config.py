@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         None,
         description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
     )
+    mmproj: Path | None = Field(
+        None,
+        description="Multimodal projector GGUF for --model (a vision encoder, as llama.cpp's "
+        "mtmd loads it, e.g. mmproj-*.gguf): requests may then send images "
+        "(input_image / image_url).",
+    )
     model_alias: str | None = Field(
         None,
         description="Model id clients send and /v1/models lists. Default: derived from the file "

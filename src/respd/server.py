@@ -11,6 +11,7 @@ from rich.console import Console
 from respd.api.app import create_app
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine
+from respd.engines.multimodal import ProjectorError
 from respd.service.sampling import SamplingDefaults
 from respd.store import Limits, Store, StoreConfigError, open_store
 from respd.store.memory import file_limits
@@ -22,25 +23,35 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
     path = settings.model_path()
     if not path.is_file():
         raise SystemExit(f"respd: model file not found: {path}")
+    mmproj = settings.mmproj.expanduser() if settings.mmproj else None
+    if mmproj is not None and not mmproj.is_file():
+        raise SystemExit(f"respd: projector file not found: {mmproj}")
     template = settings.chat_template.read_text() if settings.chat_template else None
     size_mb = path.stat().st_size / 2**20
     started = time.monotonic()
     with console.status(f"[bold]Loading[/] {path.name} ({size_mb:.0f} MiB)…", spinner="dots"):
-        engine = LlamaCppEngine(
-            path,
-            model_id=settings.resolved_alias(),
-            n_ctx=settings.ctx_size,
-            n_threads=settings.threads,
-            n_batch=settings.batch_size,
-            parallel=settings.parallel,
-            max_queue=settings.max_queue,
-            chat_template=template,
-            repack=settings.repack_weights(),
-        )
+        try:
+            engine = LlamaCppEngine(
+                path,
+                model_id=settings.resolved_alias(),
+                n_ctx=settings.ctx_size,
+                n_threads=settings.threads,
+                n_batch=settings.batch_size,
+                parallel=settings.parallel,
+                max_queue=settings.max_queue,
+                chat_template=template,
+                repack=settings.repack_weights(),
+                mmproj=mmproj,
+            )
+        except ProjectorError as exc:
+            raise SystemExit(
+                f"respd: cannot use the projector {mmproj} with {path.name}: {exc}"
+            ) from None
+    vision = f", vision from {mmproj.name}" if mmproj is not None else ""
     console.print(
         f"Loaded {path.name} in {time.monotonic() - started:.1f}s "
         f"(context {engine.context_window} tokens, {settings.parallel} slots, "
-        f"{settings.threads} threads)"
+        f"{settings.threads} threads{vision})"
     )
     return engine
 

@@ -7,6 +7,11 @@ with its own sampler chain. New requests join at the next step; a finished or ca
 sequence frees its slot at once. Prompts reuse the longest prefix any slot holds (see
 `slots.py`). The event loop never blocks on a decode: results cross to it through
 `call_soon_threadsafe`.
+
+With a projector (`mmproj`, see `multimodal.py`) prompts may hold images: each image chunk
+takes its positions in the token list as placeholder ids; the worker decodes text through
+the shared batch as usual and, between steps, encodes an image chunk and decodes its
+embeddings into that sequence alone (at most one image per step).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.grammar_sampler import GrammarCheckedSampler
+from respd.engines.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.slots import Slot, place
 
 log = logging.getLogger(__name__)
@@ -68,6 +74,8 @@ class _Job:
     cache_key: str | None
     loop: asyncio.AbstractEventLoop
     out: asyncio.Queue[GenerationEvent]
+    # Image chunks of the prompt: (start position, chunk), in order.
+    images: list[tuple[int, ImageChunk]] = field(default_factory=list)
     cancel: threading.Event = field(default_factory=threading.Event)
     # Set by the worker while the job runs:
     slot: Slot | None = None
@@ -84,6 +92,23 @@ class _Job:
 
     def emit(self, event: GenerationEvent) -> None:
         self.loop.call_soon_threadsafe(self.out.put_nowait, event)
+
+    def spans(self) -> list[tuple[int, int]]:
+        return [(start, chunk.n_tokens) for start, chunk in self.images]
+
+    def image_at(self, pos: int) -> ImageChunk | None:
+        """The image chunk starting at prompt position `pos`, if one does."""
+        for start, chunk in self.images:
+            if start == pos:
+                return chunk
+        return None
+
+    def next_image_start(self, pos: int) -> int:
+        """Where the first image chunk at or after `pos` starts (the prompt end if none)."""
+        for start, _ in self.images:
+            if start >= pos:
+                return start
+        return len(self.prompt)
 
 
 class _JobStream:
@@ -130,6 +155,7 @@ class LlamaCppEngine:
         top_k: int = 40,
         min_p: float = 0.05,
         repack: bool | None = None,
+        mmproj: Path | None = None,
     ) -> None:
         self.model_id = model_id
         self.model_path = model_path
@@ -166,6 +192,20 @@ class LlamaCppEngine:
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._vocab = self._model.vocab
+        self._projector: Projector | None = None
+        if mmproj is not None:
+            try:
+                self._projector = Projector(
+                    mmproj,
+                    self._model,
+                    n_threads=n_threads,
+                    n_batch=self._n_batch,
+                    marker=MEDIA_MARKER,
+                )
+            except ProjectorError:
+                self._release_native()
+                raise
+            self.vision = True
         meta = self._model.metadata()
         source = chat_template or meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
         self.template_source = source
@@ -225,11 +265,60 @@ class LlamaCppEngine:
         GrammarCheckedSampler(None, self._vocab, grammar, 0).close()
 
     def tokenize(self, prompt: str, images: Sequence[Image] = ()) -> list[int]:
-        if images:
+        if not images:
+            return self._text_tokens(prompt)
+        if self._projector is None:
             raise ValueError(f"the model '{self.model_id}' has no image input")
+        parts = prompt.split(self.media_marker)
+        if len(parts) - 1 != len(images):
+            raise ValueError(
+                f"the prompt has {len(parts) - 1} image markers for {len(images)} images"
+            )
+        # Text between markers is tokenized piece by piece, as mtmd itself does.
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            if part:
+                tokens.extend(self._text_tokens(part))
+            if i < len(images):
+                tokens.extend(self._projector.image(images[i]).tokens)
+        if not tokens or tokens[-1] < 0:
+            raise ValueError("the prompt must not end with an image")
+        return tokens
+
+    def _text_tokens(self, text: str) -> list[int]:
         # The rendered template already carries any BOS it wants; special tokens in it
         # (e.g. <|im_start|>) must map to their ids.
-        return self._model.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+        return self._model.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def _image_spans(
+        self, prompt: Sequence[int], images: Sequence[Image]
+    ) -> list[tuple[int, ImageChunk]]:
+        """Where each image chunk sits in `prompt` (as `tokenize` placed them)."""
+        n_placeholders = sum(1 for t in prompt if t < 0)
+        if not images:
+            if n_placeholders:
+                raise ValueError("the prompt holds image positions but no images were given")
+            return []
+        if self._projector is None:
+            raise ValueError(f"the model '{self.model_id}' has no image input")
+        spans: list[tuple[int, ImageChunk]] = []
+        pos = 0
+        for image in images:
+            for chunk in self._projector.image(image).chunks:
+                try:
+                    start = prompt.index(chunk.placeholders[0], pos)
+                except ValueError:
+                    raise ValueError("the prompt does not hold the images given") from None
+                end = start + chunk.n_tokens
+                if list(prompt[start:end]) != chunk.placeholders:
+                    raise ValueError("the prompt does not hold the images given")
+                spans.append((start, chunk))
+                pos = end
+        if n_placeholders != sum(chunk.n_tokens for _, chunk in spans):
+            raise ValueError("the prompt holds image positions of images not given")
+        if prompt[-1] < 0:
+            raise ValueError("the prompt must not end with an image")
+        return spans
 
     def stats(self) -> EngineStats:
         with self._lock:
@@ -248,10 +337,14 @@ class LlamaCppEngine:
     ) -> GenerationStream:
         """Admit a request now (raising `EngineBusy` when slots and queue are full) and
         return its event stream; closing the stream cancels the request."""
-        if images:
-            raise ValueError(f"the model '{self.model_id}' has no image input")
+        spans = self._image_spans(prompt_tokens, images)
         job = _Job(
-            list(prompt_tokens), params, cache_key, asyncio.get_running_loop(), asyncio.Queue()
+            list(prompt_tokens),
+            params,
+            cache_key,
+            asyncio.get_running_loop(),
+            asyncio.Queue(),
+            images=spans,
         )
         with self._lock:
             if self._closing:
@@ -300,7 +393,7 @@ class LlamaCppEngine:
                 self._pending.popleft()
                 self._finish(job, "cancelled", locked=True)
                 continue
-            placement = place(self._slots, job.prompt, job.cache_key)
+            placement = place(self._slots, job.prompt, job.cache_key, job.spans())
             if placement is None:
                 return
             self._pending.popleft()
@@ -357,6 +450,14 @@ class LlamaCppEngine:
             if job.cancel.is_set():
                 self._finish(job, "cancelled")
         running = [s.job for s in self._slots if s.job is not None]
+        # Between steps (the last step's logits are sampled already): at most one image
+        # chunk, decoded into its own sequence alone.
+        for job in running:
+            chunk = job.image_at(job.fed)
+            if chunk is not None:
+                self._feed_image(job, chunk)
+                break
+        running = [s.job for s in self._slots if s.job is not None]
         # Generating sequences first: each needs exactly one position this step.
         for job in running:
             if job.next_token is not None:
@@ -371,7 +472,10 @@ class LlamaCppEngine:
             if job.fed >= len(job.prompt) or n >= self._n_batch:
                 continue
             assert job.slot is not None
-            take = min(len(job.prompt) - job.fed, self._n_batch - n)
+            # Text up to the next image; the image itself goes in between steps.
+            take = min(job.next_image_start(job.fed) - job.fed, self._n_batch - n)
+            if take <= 0:
+                continue
             for i in range(take):
                 pos = job.fed + i
                 last = pos == len(job.prompt) - 1
@@ -390,6 +494,23 @@ class LlamaCppEngine:
         self._step += 1
         for job, idx in sample_at:
             self._sample(job, idx)
+
+    def _feed_image(self, job: _Job, chunk: ImageChunk) -> None:
+        """Encode an image chunk (unless cached) and decode it into the job's sequence; a
+        failure fails this job only."""
+        assert job.slot is not None and self._projector is not None
+        slot = job.slot
+        try:
+            embd = self._projector.embeddings(chunk)
+            self._projector.decode(self._ctx.ctx, chunk, embd, job.fed, slot.seq_id)
+        except Exception as exc:
+            log.warning("image failed for a request: %s", exc)
+            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)
+            slot.tokens = []
+            self._finish(job, "error", error=str(exc))
+            return
+        slot.tokens.extend(chunk.placeholders)
+        job.fed += chunk.n_tokens
 
     def _batch_add(self, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
         b = self._batch
@@ -461,6 +582,12 @@ class LlamaCppEngine:
             self._closing = True
             self._lock.notify()
         self._worker.join(timeout=5)
+        self._release_native()
+
+    def _release_native(self) -> None:
+        if self._projector is not None:
+            self._projector.close()
+            self._projector = None
         llama_cpp.llama_batch_free(self._batch)
         self._ctx.close()
         self._model.close()
