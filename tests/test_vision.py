@@ -290,7 +290,7 @@ def vclient(vision_server: RespdServer) -> openai.OpenAI:
     return client
 
 
-def test_sdk_image_request_counts_the_image(vclient: openai.OpenAI) -> None:
+def test_sdk_image_request_counts_the_image(vclient: openai.OpenAI, engine: LlamaCppEngine) -> None:
     with_image = vclient.responses.create(
         model=MODEL_ID,
         input=[
@@ -302,15 +302,14 @@ def test_sdk_image_request_counts_the_image(vclient: openai.OpenAI) -> None:
         max_output_tokens=8,
         temperature=0,
     )
-    text_only = vclient.responses.create(
-        model=MODEL_ID,
-        input=[{"role": "user", "content": ""}],
-        max_output_tokens=8,
-        temperature=0,
+    # The same turn holding one text token instead ("x"; an empty turn is refused).
+    assert len(engine.tokenize("x")) == 1
+    one_token = vclient.responses.create(
+        model=MODEL_ID, input=[{"role": "user", "content": "x"}], max_output_tokens=8
     )
     assert with_image.status in ("completed", "incomplete")
-    assert with_image.usage and text_only.usage
-    assert with_image.usage.input_tokens == text_only.usage.input_tokens + IMAGE_TOKENS
+    assert with_image.usage and one_token.usage
+    assert with_image.usage.input_tokens == one_token.usage.input_tokens - 1 + IMAGE_TOKENS
 
 
 def test_sdk_identical_image_requests_reuse_the_cache(vclient: openai.OpenAI) -> None:
