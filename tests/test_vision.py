@@ -280,6 +280,11 @@ def vision_server(mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     srv.assert_no_5xx()
 
 
+def test_models_list_image_input(vision_server: RespdServer) -> None:
+    card = httpx.get(vision_server.base_url + "/v1/models", timeout=10).json()["data"][0]
+    assert card["input_modalities"] == ["text", "image"]
+
+
 @pytest.fixture(scope="module")
 def vclient(vision_server: RespdServer) -> openai.OpenAI:
     client = vision_server.client()

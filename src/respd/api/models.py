@@ -20,6 +20,7 @@ def _model_card(request: Request) -> dict[str, Any]:
         "created": state.started_at,
         "owned_by": "respd",
         "context_window": state.engine.context_window,
+        "input_modalities": ["text", "image"] if state.engine.vision else ["text"],
     }
 
 
