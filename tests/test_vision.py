@@ -202,6 +202,42 @@ def test_concurrent_image_and_text_requests_do_not_interfere(engine: LlamaCppEng
     assert engine.stats().running == 0 and engine.stats().queued == 0
 
 
+def test_a_failing_image_fails_its_request_only(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    projector = engine._projector
+    assert projector is not None
+    real = projector.embeddings
+    doomed = Image(png_bytes((1, 2, 3)), "image/png")
+    doomed_chunks = projector.image(doomed).chunks
+
+    def embeddings(chunk: object) -> object:
+        if chunk in doomed_chunks:
+            raise RuntimeError("image encoding failed: injected")
+        return real(chunk)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(projector, "embeddings", embeddings)
+    fine = Image(png_bytes((9, 99, 199)), "image/png")
+    results = generate(
+        engine,
+        [
+            (image_prompt(engine, doomed), [doomed]),
+            (text_prompt(engine, "Say hello."), []),
+            (image_prompt(engine, fine), [fine]),
+        ],
+        max_tokens=6,
+    )
+    (_, failed), (hello, ok_text), (_, ok_image) = results
+    assert failed.finish_reason == "error" and failed.error and "injected" in failed.error
+    assert ok_text.finish_reason in ("stop", "length") and hello
+    assert ok_image.finish_reason in ("stop", "length")
+    # The worker carries on, and the doomed slot's cache is gone, not half-filled.
+    monkeypatch.setattr(projector, "embeddings", real)
+    [(_, again)] = generate(engine, [(image_prompt(engine, doomed), [doomed])], max_tokens=2)
+    assert again.finish_reason in ("stop", "length")
+    assert engine.stats().running == 0
+
+
 def test_a_text_only_engine_refuses_images() -> None:
     eng = LlamaCppEngine(embedded_model_path(), model_id=MODEL_ID, n_ctx=256, parallel=1)
     try:
