@@ -13,6 +13,7 @@ import asyncio
 import base64
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -236,6 +237,27 @@ def test_a_failing_image_fails_its_request_only(
     [(_, again)] = generate(engine, [(image_prompt(engine, doomed), [doomed])], max_tokens=2)
     assert again.finish_reason in ("stop", "length")
     assert engine.stats().running == 0
+
+
+def test_closing_an_image_request_cancels_it(engine: LlamaCppEngine) -> None:
+    image = Image(png_bytes((77, 7, 177)), "image/png")
+    tokens = image_prompt(engine, image, "Write a very long story about it.")
+    before = engine.stats()
+
+    async def start_and_leave() -> None:
+        stream = engine.generate(tokens, SamplingParams(max_tokens=500), images=[image])
+        async for event in stream:
+            if isinstance(event, TokenChunk):
+                break  # generating: the image is in the cache by now
+        await stream.aclose()
+
+    asyncio.run(start_and_leave())
+    deadline = time.monotonic() + 30
+    while engine.stats().running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = engine.stats()
+    assert after.running == 0 and after.cancelled == before.cancelled + 1
+    assert after.generated_tokens - before.generated_tokens < 100
 
 
 def test_a_text_only_engine_refuses_images() -> None:
