@@ -30,12 +30,12 @@ from llama_cpp._logger import set_verbose as set_llama_verbose
 from respd.engines.base import (
     ChatMessage,
     EngineBusy,
-    Image,
     EngineStats,
     FinishReason,
     GenerationDone,
     GenerationEvent,
     GenerationStream,
+    Image,
     SamplingParams,
     TokenChunk,
 )
@@ -132,6 +132,10 @@ class LlamaCppEngine:
         set_llama_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own chatter
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
+        # No extra weight buffer types (AMX / repacked layouts): ggml's AMX matmul
+        # segfaults in llama_decode on AMX CPUs (Sapphire Rapids) with this build, and the
+        # plain CPU path is what the benchmarks measured.
+        mparams.use_extra_bufts = False
         self._model = internals.LlamaModel(
             path_model=str(model_path), params=mparams, verbose=False
         )
