@@ -106,8 +106,8 @@ def plan_output(
 
 
 # How much thinking a constrained answer may be preceded by, in characters, per effort.
-THINKING_CHARS = {"minimal": 256, "low": 256, "medium": 1024, "high": 4096}
-DEFAULT_THINKING_CHARS = 1024
+THINKING_CHARS = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+DEFAULT_THINKING_CHARS = 2048
 
 
 def with_reasoning(
