@@ -10,6 +10,7 @@ import pytest
 from respd.engines.base import SamplingParams
 from respd.protocol.errors import InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
+from respd.service.constraints import reasoning_first_grammar
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.reasoning import (
     COMMAND,
@@ -346,3 +347,16 @@ def test_thinking_with_no_answer_still_completes_with_an_empty_message() -> None
         ("reasoning", "completed"),
         ("message", "completed"),
     ]
+
+
+def test_grammar_on_a_primed_block_admits_bounded_thinking_first() -> None:
+    answer = 'root ::= answer-root\nanswer-root ::= "{" "}"'
+    g = reasoning_first_grammar(answer, "</think>", 128)
+    lines = g.splitlines()
+    assert lines[0] == 'root ::= respd-think "</think>" respd-think-gap respd-answer'
+    assert lines[1] == "respd-think ::= [^< \\t\\n\\r] [^<]{0,127}"
+    assert "respd-answer ::= answer-root" in lines
+    assert 'answer-root ::= "{" "}"' in lines  # only the root rule is renamed
+    assert sum(line.startswith("root ::=") for line in lines) == 1
+    magistral = reasoning_first_grammar(answer, "[/THINK]", 4).splitlines()[1]
+    assert magistral == "respd-think ::= [^\\[ \\t\\n\\r] [^\\[]{0,3}"
