@@ -299,3 +299,21 @@ def test_templates_without_markers_are_not_split(client: openai.OpenAI) -> None:
     )
     assert [o.type for o in r.output] == ["message"]
     assert r.usage and r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_conversation_items_replay_reasoning(tclient: openai.OpenAI) -> None:
+    user = {"type": "message", "role": "user", "content": "Hi!"}
+    reasoning = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": "A greeting; answer in kind."}],
+    }
+    assistant = {"type": "message", "role": "assistant", "content": "Hello."}
+    conv = tclient.conversations.create(items=[user, reasoning, assistant])  # type: ignore[list-item]
+    items = tclient.conversations.items.list(conv.id, order="asc").data
+    assert [i.type for i in items] == ["message", "reasoning", "message"]
+    assert items[1].id.startswith("rs_")
+    follow = {"role": "user", "content": "Again?"}
+    replayed = _tokens(tclient, conversation=conv.id, input=[follow])
+    assert replayed == _tokens(tclient, input=[user, reasoning, assistant, follow])
+    assert replayed > _tokens(tclient, input=[user, assistant, follow])
