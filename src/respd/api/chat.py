@@ -12,6 +12,7 @@ from respd.api.body import parse_body
 from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
 from respd.service.chat import ChatResult, ChatService, PreparedChat, ToolCallDelta
+from respd.service.reasoning import ReasoningDelta
 
 router = APIRouter()
 
@@ -48,6 +49,9 @@ async def chat_completions(request: Request) -> Response:
                         yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
                 elif isinstance(item, ToolCallDelta):
                     yield sse_frame(dump(service.chunk(prepared, delta=item.as_delta())))
+                elif isinstance(item, ReasoningDelta):
+                    delta = {"reasoning_content": item.text}  # the vLLM / llama-server field
+                    yield sse_frame(dump(service.chunk(prepared, delta=delta)))
                 else:
                     yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
         yield sse_frame("[DONE]")

@@ -77,6 +77,10 @@ class ChatMessage:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
             out["name"] = self.name
+        if self.reasoning is not None:
+            # Qwen3/DeepSeek-style templates read `reasoning_content`; Gemma-style `reasoning`.
+            out["reasoning_content"] = self.reasoning
+            out["reasoning"] = self.reasoning
         return out
 
 

@@ -54,6 +54,28 @@ log = logging.getLogger(__name__)
 # Special tokens that end an assistant turn in the common template families; each counts
 # as a stop token when the vocabulary has it as a single token and the template uses it.
 _END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+# Markers the service reads in generated text (thinking, tool calls). Tokens are decoded
+# with special=False, which drops control tokens; a marker the vocabulary holds as one
+# control token (Command R7B's <|START_THINKING|>, gpt-oss's channels, Llama 3's
+# <|python_tag|>, ...) and the template uses is therefore decoded as its text instead.
+_TEXT_MARKERS = (
+    "<think>",
+    "</think>",
+    "<|START_THINKING|>",
+    "<|END_THINKING|>",
+    "[THINK]",
+    "[/THINK]",
+    "<seed:think>",
+    "</seed:think>",
+    "<|channel|>",
+    "<|message|>",
+    "<|start|>",
+    "<|end|>",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    "<tool_call>",
+    "</tool_call>",
+)
 # Where an image goes in rendered text (llama.cpp's own multimodal marker).
 MEDIA_MARKER = "<__media__>"
 
@@ -215,6 +237,7 @@ class LlamaCppEngine:
             eos_token=self._token_text(self._model.token_eos()),
         )
         self._stop_ids = self._end_of_turn_ids(source)
+        self._text_marker_ids = self._marker_ids(source) - self._stop_ids
         self._slots = [Slot(i) for i in range(parallel)]
         self._pending: deque[_Job] = deque()
         self._admitted = 0  # jobs accepted and not yet finished (running + queued)
@@ -232,12 +255,24 @@ class LlamaCppEngine:
 
     def _end_of_turn_ids(self, template_source: str) -> frozenset[int]:
         ids = {self._model.token_eos()}
+        harmony = "<|channel|>" in template_source  # gpt-oss: <|end|> ends a message, not the turn
         for marker in _END_OF_TURN_MARKERS:
+            if harmony and marker == "<|end|>":
+                continue
             if marker in template_source:
                 toks = self.tokenize(marker)
                 if len(toks) == 1:
                     ids.add(toks[0])
         return frozenset(t for t in ids if t >= 0)
+
+    def _marker_ids(self, template_source: str) -> frozenset[int]:
+        ids = set()
+        for marker in _TEXT_MARKERS:
+            if marker in template_source:
+                toks = self.tokenize(marker)
+                if len(toks) == 1 and not self._model.detokenize(toks, special=False):
+                    ids.add(toks[0])
+        return frozenset(ids)
 
     def _is_stop(self, token: int) -> bool:
         return token in self._stop_ids or bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
@@ -536,7 +571,7 @@ class LlamaCppEngine:
             return
         job.produced += 1
         self._stats.generated_tokens += 1
-        piece = self._model.detokenize([token], special=False)
+        piece = self._model.detokenize([token], special=token in self._text_marker_ids)
         job.emit(TokenChunk(job.decoder.decode(piece), [token]))
         if job.produced >= job.limit:
             self._finish(job, "length")

@@ -25,7 +25,14 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported,
 from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.ids import new_id
-from respd.service.output_plan import OutputPlan, plan_output
+from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
+from respd.service.reasoning import (
+    ReasoningDelta,
+    ReasoningPlan,
+    ReasoningReader,
+    plan_reasoning,
+    template_controls,
+)
 from respd.service.responses import check_metadata
 from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.stops import StopMatcher
@@ -52,6 +59,7 @@ class PreparedChat:
     stops: list[str]
     include_usage: bool
     plan: OutputPlan | None = None
+    reasoning: ReasoningPlan | None = None
     id: str = field(default_factory=lambda: "chatcmpl-" + new_id("c")[2:])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -77,11 +85,13 @@ class ToolCallDelta:
 @dataclass
 class ChatResult:
     text: str = ""
+    reasoning: str = ""  # `reasoning_content`
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 def _tool_calls(raw: Any, param: str) -> list[ToolCall]:
@@ -139,23 +149,44 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
             out.append(ChatMessage("tool", text, tool_call_id=call_id, name=names[call_id]))
             continue
         names.update((c.id, c.name) for c in calls)
-        out.append(ChatMessage("system" if role == "developer" else role, text, tool_calls=calls))
+        reasoning = msg.get("reasoning_content") if role == "assistant" else None
+        out.append(
+            ChatMessage(
+                "system" if role == "developer" else role,
+                text,
+                tool_calls=calls,
+                reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
+            )
+        )
     return out
 
 
 def _read(
-    result: ChatResult, parser: ToolCallParser | None, text: str, *, final: bool = False
-) -> list[str | ToolCallDelta]:
-    """Text after stop sequences → text and tool-call deltas, recorded in `result`."""
+    result: ChatResult,
+    parser: ToolCallParser | ReasoningReader | None,
+    text: str,
+    *,
+    final: bool = False,
+    tokens: int = 0,
+) -> list[str | ToolCallDelta | ReasoningDelta]:
+    """Text after stop sequences → thinking, text and tool-call deltas, recorded in
+    `result`."""
     if parser is None:
         result.text += text
         return [text] if text else []
-    out: list[str | ToolCallDelta] = []
-    events = parser.feed(text) if text else []
+    out: list[str | ToolCallDelta | ReasoningDelta] = []
+    events: list[Any] = []
+    if isinstance(parser, ReasoningReader):
+        events = parser.feed(text, tokens) if text or tokens else []
+    elif text:
+        events = parser.feed(text)
     if final:
         events += parser.finish()
     for e in events:
-        if isinstance(e, TextDelta):
+        if isinstance(e, ReasoningDelta):
+            result.reasoning += e.text
+            out.append(e)
+        elif isinstance(e, TextDelta):
             result.text += e.text
             out.append(e.text)
         elif isinstance(e, CallStarted):
@@ -172,6 +203,8 @@ def _read(
 
 def _message(result: ChatResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning  # the vLLM / llama-server field
     if result.tool_calls:
         message["content"] = result.text or None
         message["tool_calls"] = [
@@ -226,6 +259,7 @@ class ChatService:
             )
         messages = _messages(req, self.engine.model_id)
         require_effective_input(messages, param="messages")
+        template_kwargs = template_controls(req.reasoning_effort, self.engine.template_source)
         plan = plan_output(
             self.engine.template_source,
             messages,
@@ -234,6 +268,10 @@ class ChatService:
             answer_schema=chat_answer_schema(req.response_format),
             answer_param="response_format",
         )
+        reasoning = await asyncio.to_thread(
+            plan_reasoning, self.engine, plan.messages, plan.template_tools, template_kwargs
+        )
+        plan = with_reasoning(plan, reasoning, req.reasoning_effort)
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "response_format")
         sampling.grammar = plan.grammar
         _, tokens = await asyncio.to_thread(
@@ -244,13 +282,14 @@ class ChatService:
             truncation="disabled",
             param="messages",
             tools=plan.template_tools,
+            template_kwargs=template_kwargs,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return PreparedChat(req, tokens, sampling, stops, include_usage, plan)
+        return PreparedChat(req, tokens, sampling, stops, include_usage, plan, reasoning)
 
     def generate(
         self, prepared: PreparedChat
-    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
+    ) -> AsyncGenerator[str | ToolCallDelta | ReasoningDelta | ChatResult, None]:
         """Admit the generation now (503 when the engine is full), then yield text and
         tool-call deltas and one final `ChatResult`; closing early cancels the generation."""
         req = prepared.request
@@ -261,16 +300,20 @@ class ChatService:
 
     async def _stream(
         self, prepared: PreparedChat, generation: GenerationStream
-    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
+    ) -> AsyncGenerator[str | ToolCallDelta | ReasoningDelta | ChatResult, None]:
         result = ChatResult(prompt_tokens=len(prepared.prompt_tokens))
         matcher = StopMatcher(prepared.stops)
-        parser = prepared.plan.parser() if prepared.plan else None
+        tools = prepared.plan.parser() if prepared.plan else None
+        parser: ToolCallParser | ReasoningReader | None = (
+            tools if prepared.reasoning is None else prepared.reasoning.reader(tools)
+        )  # thinking split off first, on reasoning templates
         done: GenerationDone | None = None
         async with aclosing(generation):
             async for chunk in generation:
                 if isinstance(chunk, TokenChunk):
-                    result.completion_tokens += len(chunk.token_ids)
-                    for item in _read(result, parser, matcher.feed(chunk.text)):
+                    n = len(chunk.token_ids)
+                    result.completion_tokens += n
+                    for item in _read(result, parser, matcher.feed(chunk.text), tokens=n):
                         yield item
                     if matcher.stopped:
                         break  # closing the stream cancels the rest of the generation
@@ -285,6 +328,8 @@ class ChatService:
             result.finish_reason = "length" if done.finish_reason == "length" else "stop"
             if result.tool_calls and done.finish_reason != "length":
                 result.finish_reason = "tool_calls"
+        if isinstance(parser, ReasoningReader):
+            result.reasoning_tokens = parser.reasoning_tokens
         yield result
 
     def usage(self, result: ChatResult) -> dict[str, Any]:
@@ -293,7 +338,7 @@ class ChatService:
             "completion_tokens": result.completion_tokens,
             "total_tokens": result.prompt_tokens + result.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": result.reasoning_tokens},
         }
 
     def completion(self, prepared: PreparedChat, result: ChatResult) -> ChatCompletion:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,3 +173,21 @@ class GrammarBuilder:
     def build(self, *alternatives: str) -> str:
         self._conv._add_rule("root", " | ".join(alternatives))
         return str(self._conv.format_grammar())
+
+
+def reasoning_first_grammar(grammar: str, close: str, max_chars: int) -> str:
+    """`grammar` preceded by the rest of a thinking block the prompt opened: 1 to
+    `max_chars` characters of thinking (starting with a non-space, never containing the
+    close marker's first character), the close marker, a little whitespace, then the
+    answer `grammar` describes. Without this, a constrained answer on a template that
+    primes an open `<think>` would be written inside the thinking, never read as the
+    answer."""
+    c = close[0]
+    c = "\\" + c if c in "[]\\^-" else c
+    rules = [
+        f"root ::= respd-think {_literal(close)} respd-think-gap respd-answer",
+        f"respd-think ::= [^{c} \\t\\n\\r] [^{c}]{{0,{max(0, max_chars - 1)}}}",
+        "respd-think-gap ::= [ \\n]{0,2}",
+    ]
+    answer = re.sub(r"^root ::=", "respd-answer ::=", grammar, count=1, flags=re.MULTILINE)
+    return "\n".join([*rules, answer])

@@ -9,6 +9,7 @@ pydantic types, so a field we misspell fails here, not in a client.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +29,9 @@ from openai.types.responses import (
     ResponseOutputItemDoneEvent,
     ResponseOutputMessage,
     ResponseQueuedEvent,
+    ResponseReasoningItem,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
     ResponseStreamEvent,
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
@@ -35,6 +39,7 @@ from openai.types.responses import (
 from pydantic import BaseModel
 
 from respd.service.ids import new_id
+from respd.service.reasoning import ReasoningDelta
 from respd.service.tool_parsing import ArgumentsDelta, CallStarted, ParseEvent, TextDelta
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -62,6 +67,27 @@ class _OpenMessage:
     id: str
     output_index: int
     text: str = ""
+
+
+@dataclass
+class _OpenReasoning:
+    id: str
+    output_index: int
+    text: str = ""
+
+    def item(self, status: str, *, partial: bool = False) -> dict[str, Any]:
+        content = [] if partial and not self.text else [_reasoning_part(self.text)]
+        return {
+            "id": self.id,
+            "type": "reasoning",
+            "summary": [],
+            "content": content,
+            "status": status,
+        }
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 @dataclass
@@ -104,6 +130,7 @@ class ResponseEventMachine:
     _seq: int = 0
     _message: _OpenMessage | None = None
     _call: _OpenCall | None = None
+    _reasoning: _OpenReasoning | None = None
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -131,6 +158,9 @@ class ResponseEventMachine:
         if msg is not None:
             part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
             output[msg.output_index] = {**output[msg.output_index], "content": [part]}
+        rs = self._reasoning
+        if rs is not None:  # thinking still being written
+            output[rs.output_index] = rs.item("in_progress")
         return output
 
     def _event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
@@ -252,11 +282,92 @@ class ResponseEventMachine:
         return events
 
     def _close_open(self, status: str) -> list[ResponseStreamEvent]:
+        if self._reasoning is not None:
+            return self._close_reasoning(status)
         if self._message is not None:
             return self._close_message(status)
         if self._call is not None:
             return self.function_call_done(self._call.arguments, complete=status == "completed")
         return []
+
+    # -- reasoning ------------------------------------------------------------------------
+
+    def reasoning_text(self, delta: str) -> list[ResponseStreamEvent]:
+        """Thinking text: a `reasoning` item ahead of the answer, streamed as
+        `response.reasoning_text.delta` (never `output_text`)."""
+        if not delta:
+            return []
+        events: list[ResponseStreamEvent] = []
+        if self._reasoning is None:
+            events += self._close_open("completed")
+            events += self._open_reasoning()
+        rs = self._reasoning
+        assert rs is not None
+        rs.text += delta
+        events.append(
+            self._event(
+                ResponseReasoningTextDeltaEvent,
+                type="response.reasoning_text.delta",
+                item_id=rs.id,
+                output_index=rs.output_index,
+                content_index=0,
+                delta=delta,
+            )
+        )
+        return events
+
+    def _open_reasoning(self) -> list[ResponseStreamEvent]:
+        rs = _OpenReasoning(new_id("rs"), len(self.output))
+        self._reasoning = rs
+        item = rs.item("in_progress", partial=True)
+        self.output.append(item)
+        return [
+            self._event(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=rs.output_index,
+                item=item,
+            ),
+            self._event(
+                ResponseContentPartAddedEvent,
+                type="response.content_part.added",
+                item_id=rs.id,
+                output_index=rs.output_index,
+                content_index=0,
+                part=_reasoning_part(""),
+            ),
+        ]
+
+    def _close_reasoning(self, item_status: str) -> list[ResponseStreamEvent]:
+        rs = self._reasoning
+        assert rs is not None
+        self._reasoning = None
+        item = rs.item(item_status)
+        self.output[rs.output_index] = item
+        return [
+            self._event(
+                ResponseReasoningTextDoneEvent,
+                type="response.reasoning_text.done",
+                item_id=rs.id,
+                output_index=rs.output_index,
+                content_index=0,
+                text=rs.text,
+            ),
+            self._event(
+                ResponseContentPartDoneEvent,
+                type="response.content_part.done",
+                item_id=rs.id,
+                output_index=rs.output_index,
+                content_index=0,
+                part=_reasoning_part(rs.text),
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=rs.output_index,
+                item=ResponseReasoningItem.model_validate(item),
+            ),
+        ]
 
     # -- function calls -------------------------------------------------------------------
 
@@ -320,10 +431,18 @@ class ResponseEventMachine:
         ]
         return events
 
-    def apply_parsed(self, parsed: list[ParseEvent]) -> list[ResponseStreamEvent]:
-        """Drive the machine from the tool-call parser's reading of the output."""
+    def apply_parsed(
+        self, parsed: Sequence[ParseEvent | ReasoningDelta]
+    ) -> list[ResponseStreamEvent]:
+        """Drive the machine from the tool-call parser's reading of the output (thinking
+        first, when `reasoning.ReasoningReader` split it off)."""
         events: list[ResponseStreamEvent] = []
         for p in parsed:
+            if isinstance(p, ReasoningDelta):
+                events += self.reasoning_text(p.text)
+                continue
+            if self._reasoning is not None:  # the answer begins: thinking is over
+                events += self._close_reasoning("completed")
             if isinstance(p, TextDelta):
                 events += self.output_text(p.text)
             elif isinstance(p, CallStarted):
@@ -341,7 +460,10 @@ class ResponseEventMachine:
         self.usage = usage
         item_status = "incomplete" if incomplete_reason else "completed"
         events = self._close_open(item_status)
-        if not self.output:  # an empty answer is still one (empty) message
+        # An empty answer is still one (empty) message; a budget spent while thinking
+        # leaves only the (incomplete) reasoning item.
+        answered = any(o["type"] != "reasoning" for o in self.output)
+        if not self.output or not (answered or incomplete_reason):
             events += self._close_message(item_status)
         if incomplete_reason:
             self.status = "incomplete"

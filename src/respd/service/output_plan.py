@@ -15,12 +15,13 @@ call `plan_output`, so their behaviour cannot drift apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from respd.engines.base import ChatMessage
 from respd.protocol.errors import InvalidRequest
-from respd.service.constraints import GrammarBuilder, SchemaRejected
+from respd.service.constraints import GrammarBuilder, SchemaRejected, reasoning_first_grammar
+from respd.service.reasoning import ReasoningPlan
 from respd.service.tool_formats import ToolFormat, detect_format, generic_messages
 from respd.service.tool_parsing import ToolCallParser
 from respd.service.tools import FunctionTool, ToolPolicy
@@ -101,4 +102,25 @@ def plan_output(
         fmt if offered else None,
         frozenset(t.name for t in offered),
         cap,
+    )
+
+
+# How much thinking a constrained answer may be preceded by, in characters, per effort.
+THINKING_CHARS = {"minimal": 128, "low": 512, "medium": 2048, "high": 8192}
+DEFAULT_THINKING_CHARS = 2048
+
+
+def with_reasoning(
+    plan: OutputPlan, reasoning: ReasoningPlan | None, effort: str | None
+) -> OutputPlan:
+    """A grammar on a prompt that primes an open thinking block first lets the model finish
+    thinking (bounded by `effort`, so it always gets to the answer) and write the close
+    marker; the answer the grammar constrains comes after it. Otherwise the plan stands."""
+    if plan.grammar is None or reasoning is None or not reasoning.primed:
+        return plan
+    if reasoning.style.answer_headers:  # gpt-oss's channels: not constrained here
+        return plan
+    chars = THINKING_CHARS.get((effort or "").strip().lower(), DEFAULT_THINKING_CHARS)
+    return replace(
+        plan, grammar=reasoning_first_grammar(plan.grammar, reasoning.style.close, chars)
     )

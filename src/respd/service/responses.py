@@ -30,7 +30,13 @@ from respd.service.context import fit_to_context, message_images
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
-from respd.service.output_plan import OutputPlan, plan_output
+from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
+from respd.service.reasoning import (
+    ReasoningPlan,
+    ReasoningReader,
+    plan_reasoning,
+    template_controls,
+)
 from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.structured import check_plan_grammar, responses_answer_schema
 from respd.service.tool_parsing import ToolCallParser
@@ -58,6 +64,13 @@ class PreparedResponse:
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
     plan: OutputPlan | None = None  # tools / structured output: grammar and parser
+    reasoning: ReasoningPlan | None = None  # the template's thinking markers, if any
+
+    def reader(self) -> ReasoningReader | None:
+        """Thinking split off the output ahead of the tool parser (reasoning templates)."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.reader(self.plan.parser() if self.plan else None)
 
     @property
     def images(self) -> list[Image]:
@@ -224,6 +237,8 @@ class ResponsesService:
         if req.instructions:
             messages.insert(0, ChatMessage("system", req.instructions))
         require_effective_input(messages)
+        effort = req.reasoning.effort if req.reasoning else None
+        template_kwargs = template_controls(effort, self.engine.template_source)
         plan = plan_output(
             self.engine.template_source,
             messages,
@@ -232,6 +247,10 @@ class ResponsesService:
             answer_schema=responses_answer_schema(req.text.format if req.text else None),
             answer_param="text.format",
         )
+        reasoning = await asyncio.to_thread(
+            plan_reasoning, self.engine, plan.messages, plan.template_tools, template_kwargs
+        )
+        plan = with_reasoning(plan, reasoning, effort)
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "text.format")
         sampling.grammar = plan.grammar
         messages, tokens = await asyncio.to_thread(
@@ -241,6 +260,7 @@ class ResponsesService:
             reserve=req.max_output_tokens or 1,
             truncation=req.truncation or "disabled",
             tools=plan.template_tools,
+            template_kwargs=template_kwargs,
         )
         echo = build_echo(req, sampling, model_id, history.conversation_id)
         return PreparedResponse(
@@ -253,6 +273,7 @@ class ResponsesService:
             normalize_items(req.input),
             history,
             plan,
+            reasoning,
         )
 
     def record(self, prepared: PreparedResponse, machine: ResponseEventMachine) -> ResponseRecord:
@@ -341,6 +362,7 @@ class ResponsesService:
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         done: GenerationDone | None = None
         parser: ToolCallParser | None = prepared.plan.parser() if prepared.plan else None
+        reader = prepared.reader()  # thinking first, then `parser`'s reading of the answer
         try:
             async with aclosing(generation):
                 for event in machine.start():
@@ -348,7 +370,10 @@ class ResponsesService:
                 async for chunk in generation:
                     if isinstance(chunk, TokenChunk):
                         machine.generated_tokens += len(chunk.token_ids)
-                        if parser is None:
+                        if reader is not None:
+                            n = len(chunk.token_ids)
+                            events = machine.apply_parsed(reader.feed(chunk.text, n))
+                        elif parser is None:
                             events = machine.output_text(chunk.text)
                         else:
                             events = machine.apply_parsed(parser.feed(chunk.text))
@@ -356,8 +381,9 @@ class ResponsesService:
                             yield event
                     else:
                         done = chunk
-            if parser is not None:
-                for event in machine.apply_parsed(parser.finish()):
+            finisher = reader if reader is not None else parser
+            if finisher is not None:
+                for event in machine.apply_parsed(finisher.finish()):
                     yield event
         except Exception as exc:  # the engine broke: the client gets response.failed
             log.exception("response %s: generation raised", machine.id)
@@ -368,6 +394,7 @@ class ResponsesService:
             input_tokens=done.prompt_tokens,
             output_tokens=done.completion_tokens,
             cached_tokens=done.cached_tokens,
+            reasoning_tokens=reader.reasoning_tokens if reader is not None else 0,
         )
         if done.finish_reason == "error":
             log.error("response %s failed: %s", machine.id, done.error)

@@ -125,9 +125,9 @@ def generic_messages(
         elif m.tool_calls:
             calls = "\n".join(generic_call_text(c.name, c.arguments) for c in m.tool_calls)
             text = f"{m.content}\n{calls}" if m.content.strip() else calls
-            out.append(ChatMessage(m.role, text))
+            out.append(ChatMessage(m.role, text, reasoning=m.reasoning))
         else:
-            out.append(ChatMessage(m.role, m.content))
+            out.append(ChatMessage(m.role, m.content, reasoning=m.reasoning))
     if tools:
         prompt = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
         if out and out[0].role == "system":

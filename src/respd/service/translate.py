@@ -16,7 +16,6 @@ _IMAGE_PARTS = ("input_image", "image_url")
 _MEDIA_PARTS = (*_IMAGE_PARTS, "input_audio", "video_url")
 # Item types that a later piece of work implements; until then they are a named 400.
 _NOT_YET_ITEMS = {
-    "reasoning": "reasoning items",
     "item_reference": "stored items",
     "compaction": "compaction",
 }
@@ -111,6 +110,8 @@ def input_to_messages(
             _function_call(item, param, messages)
         elif kind == "function_call_output":
             _function_call_output(item, param, messages, model_id=model_id, prior=prior or [])
+        elif kind == "reasoning":
+            messages.append(ChatMessage(_REASONING, "", reasoning=_reasoning_text(item, param)))
         elif kind in _NOT_YET_ITEMS:
             raise Unsupported(
                 f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
@@ -123,7 +124,7 @@ def input_to_messages(
                 param=f"{param}.type",
                 code="invalid_value",
             )
-    return messages
+    return _attach_reasoning(messages)
 
 
 def _required_str(item: dict[str, Any], key: str, param: str) -> str:
@@ -172,5 +173,55 @@ def _function_call_output(
 
 def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
     """Reject a conversation with nothing in it for the model to answer."""
-    if not any(m.content.strip() or m.tool_calls for m in messages):
+    if not any(m.content.strip() or m.tool_calls or m.reasoning for m in messages):
         raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)
+
+
+_REASONING = "reasoning"  # a placeholder turn, folded by `_attach_reasoning`
+
+
+def _reasoning_text(item: dict[str, Any], param: str) -> str:
+    """The text of a `reasoning` item: its `reasoning_text` content, else its summary."""
+    texts: list[str] = []
+    for key, kinds in (("content", ("reasoning_text", "text")), ("summary", ("summary_text",))):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise InvalidRequest(
+                f"Invalid type for '{param}.{key}': expected an array of content parts.",
+                param=f"{param}.{key}",
+                code="invalid_type",
+            )
+        for j, part in enumerate(parts):
+            p = f"{param}.{key}[{j}]"
+            if not isinstance(part, dict) or part.get("type") not in kinds:
+                raise InvalidRequest(
+                    f"Invalid value for '{p}.type': expected {' or '.join(map(repr, kinds))}.",
+                    param=f"{p}.type",
+                    code="invalid_value",
+                )
+            if not isinstance(part.get("text"), str):
+                raise MissingParameter(f"{p}.text")
+        if key == "summary" and texts:
+            break  # the raw reasoning wins over its summary
+        texts += [part["text"] for part in parts]
+    return "\n".join(texts)
+
+
+def _attach_reasoning(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Reasoning items belong to the assistant turn that follows them (its `reasoning`, the
+    template's `reasoning_content`); one with no assistant turn after it before the next
+    user, system or tool turn (or the end of the input) is dropped from the prompt."""
+    out: list[ChatMessage] = []
+    buffered: list[str] = []
+    for m in messages:
+        if m.role == _REASONING:
+            if m.reasoning:
+                buffered.append(m.reasoning)
+            continue
+        if m.role == "assistant" and buffered:
+            m.reasoning = "\n".join([*buffered, *([m.reasoning] if m.reasoning else [])])
+        buffered = []
+        out.append(m)
+    return out
