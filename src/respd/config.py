@@ -104,7 +104,7 @@ class Settings(BaseSettings):
     )
     store: str = Field(
         "sqlite",
-        description="Where responses, conversations and background jobs are kept: sqlite (a "
+        description="Where responses, conversations, background jobs and files are kept: sqlite (a "
         "file in --data-dir; survives restarts), memory (bounded by the --*-store-* flags; lost "
         "on exit) or sqlite:///PATH (relative to --data-dir, or sqlite:////abs/path).",
     )
@@ -139,6 +139,19 @@ class Settings(BaseSettings):
         ge=0,
         description="Memory store: seconds a conversation is kept after its last write; 0 "
         "disables expiry.",
+    )
+    files_store_max_bytes: int = Field(
+        1073741824,
+        ge=0,
+        description="Memory store: bytes of uploaded file contents kept, oldest evicted first "
+        "(a file larger than this is not kept); 0 keeps the routes but evicts every file at "
+        "once.",
+    )
+    max_file_bytes: int = Field(
+        67108864,
+        ge=1,
+        description="Largest upload POST /v1/files accepts, in bytes; a larger one is a 413 "
+        "and nothing is stored.",
     )
     max_image_bytes: int = Field(
         20 * 2**20,

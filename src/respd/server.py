@@ -14,6 +14,7 @@ from respd.engines.llamacpp import LlamaCppEngine
 from respd.service.media import MediaSettings
 from respd.service.sampling import SamplingDefaults
 from respd.store import Limits, Store, StoreConfigError, open_store
+from respd.store.memory import file_limits
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def build_store(settings: Settings) -> Store:
                 settings.conversation_store_max_bytes,
                 settings.conversation_store_ttl_secs,
             ),
+            files=file_limits(settings.files_store_max_bytes),
         )
     except StoreConfigError as exc:
         raise SystemExit(f"respd: {exc}") from exc
@@ -89,6 +91,7 @@ def serve(settings: Settings) -> int:
         store,
         sse_keepalive=settings.sse_keepalive_secs,
         media=media_settings(settings),
+        max_file_bytes=settings.max_file_bytes,
     )
     config = uvicorn.Config(
         app,

@@ -9,12 +9,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from respd import __version__
-from respd.api import chat, conversations, models, responses
+from respd.api import chat, conversations, files, models, responses
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.engines.base import Engine
 from respd.service.background import BackgroundJobs
 from respd.service.chat import ChatService
 from respd.service.conversations import ConversationsService
+from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
 from respd.service.media import MediaSettings
 from respd.service.responses import ResponsesService
 from respd.service.sampling import SamplingDefaults
@@ -29,6 +30,7 @@ def create_app(
     *,
     sse_keepalive: float = 15.0,
     media: MediaSettings | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> FastAPI:
     """Build the app. The store is owned by the app from here on: closed at shutdown."""
     defaults = defaults or SamplingDefaults()
@@ -53,10 +55,12 @@ def create_app(
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)
     app.state.conversations = ConversationsService(store, engine.model_id, service.media)
+    app.state.files = FilesService(store, max_file_bytes)
     app.state.chat = ChatService(engine, defaults, service.media)
     install_error_handlers(app)
     app.include_router(responses.router)
     app.include_router(conversations.router)
+    app.include_router(files.router)
     app.include_router(chat.router)
     app.include_router(models.router)
     app.add_middleware(RequestIdMiddleware)

@@ -84,11 +84,17 @@ def normalize_items(items: str | list[JSON] | None) -> list[JSON]:
     return stored
 
 
-def check_page_params(limit: int | None, order: str | None) -> tuple[int, str]:
-    limit = DEFAULT_LIMIT if limit is None else limit
-    if not 1 <= limit <= MAX_LIMIT:
+def check_page_params(
+    limit: int | None,
+    order: str | None,
+    *,
+    default_limit: int = DEFAULT_LIMIT,
+    max_limit: int = MAX_LIMIT,
+) -> tuple[int, str]:
+    limit = default_limit if limit is None else limit
+    if not 1 <= limit <= max_limit:
         raise InvalidRequest(
-            f"Invalid 'limit': expected a value between 1 and {MAX_LIMIT}, got {limit}.",
+            f"Invalid 'limit': expected a value between 1 and {max_limit}, got {limit}.",
             param="limit",
             code="invalid_value",
         )
@@ -102,9 +108,17 @@ def check_page_params(limit: int | None, order: str | None) -> tuple[int, str]:
     return limit, order
 
 
-def page(items: list[JSON], *, after: str | None, limit: int | None, order: str | None) -> JSON:
+def page(
+    items: list[JSON],
+    *,
+    after: str | None,
+    limit: int | None,
+    order: str | None,
+    default_limit: int = DEFAULT_LIMIT,
+    max_limit: int = MAX_LIMIT,
+) -> JSON:
     """An OpenAI list object over `items` (stored oldest first), cursor = item id."""
-    limit, order = check_page_params(limit, order)
+    limit, order = check_page_params(limit, order, default_limit=default_limit, max_limit=max_limit)
     ordered = list(reversed(items)) if order == "desc" else list(items)
     if after is not None:
         ids = [i.get("id") for i in ordered]

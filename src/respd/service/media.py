@@ -30,7 +30,8 @@ from typing import Any
 import httpx
 
 from respd.engines.base import Image
-from respd.protocol.errors import APIError, InvalidRequest, MissingParameter, NotFound
+from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
+from respd.service.files import read_file
 from respd.store.base import JSON, FileRecord, Store
 
 MIB = 2**20
@@ -656,7 +657,7 @@ class MediaResolver:
             )
         param = f"{p}.{source}"
         if source == "file_id":
-            record, data = await read_stored_file(self.store, owner, value, param=param)
+            record, data = await read_file(self.store, owner, value, param=param)
             mime, name = record.mime_type, record.filename or name
         elif source == "file_data":
             if value[:5].lower() == "data:":
@@ -686,22 +687,7 @@ class MediaResolver:
     async def _stored_file(
         self, owner: str, file_id: str, param: str, what: str
     ) -> tuple[FileRecord, bytes]:
-        record, data = await read_stored_file(self.store, owner, file_id, param=param)
+        record, data = await read_file(self.store, owner, file_id, param=param)
         if what == "image" and len(data) > self.settings.max_image_bytes:
             raise _too_many_bytes(param, what, self.settings.max_image_bytes)
         return record, data
-
-
-async def read_stored_file(
-    store: Store, owner: str, file_id: str, *, param: str
-) -> tuple[FileRecord, bytes]:
-    """A file's record and bytes, visible only to its owner; unknown → 404 naming `param`."""
-    record = await store.get_file(owner, file_id)
-    data = await store.file_content(owner, file_id) if record is not None else None
-    if record is None or data is None:
-        raise _file_not_found(file_id, param)
-    return record, data
-
-
-def _file_not_found(file_id: str, param: str) -> NotFound:
-    return NotFound(f"No such File object: {file_id}", param=param, code="file_not_found")

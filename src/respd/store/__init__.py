@@ -32,10 +32,11 @@ def open_store(
     *,
     responses: Limits | None = None,
     conversations: Limits | None = None,
+    files: Limits | None = None,
 ) -> Store:
-    """`sqlite` (a file in `data_dir`), `sqlite:///PATH`, or `memory`."""
+    """`sqlite` (a file in `data_dir`), `sqlite:///PATH`, or `memory` (bounded by the limits)."""
     if spec == "memory":
-        return MemoryStore(responses, conversations)
+        return MemoryStore(responses, conversations, files=files)
     if spec == "sqlite":
         return SqliteStore(data_dir / SQLITE_FILE)
     if spec.startswith("sqlite:///"):

@@ -6,19 +6,29 @@ Limits, per map (responses; conversations):
 - `max_bytes`: approximate JSON bytes retained; 0 keeps the routes working but evicts every
   entry at once; otherwise the oldest writes are evicted until the total fits.
 - `ttl_secs`: an entry expires that long after its last write; 0 disables expiry.
+Uploaded files live in their own map, bounded by the bytes of their contents only
+(`--files-store-max-bytes`, oldest evicted first; no entry count, no TTL: a file is kept
+until it is deleted, evicted, or past its own `expires_at`).
 Nothing survives a restart: use the sqlite store for that.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
-from respd.store.base import JSON, TERMINAL_STATUSES, ConversationRecord, ResponseRecord
+from respd.store.base import (
+    JSON,
+    TERMINAL_STATUSES,
+    ConversationRecord,
+    FileRecord,
+    ResponseRecord,
+)
 
 V = TypeVar("V")
 
@@ -120,19 +130,45 @@ class _StoredConversation:
     items: list[JSON] = field(default_factory=list)
 
 
+@dataclass
+class _StoredFile:
+    record: FileRecord
+    content: bytes
+
+
+DEFAULT_FILES_MAX_BYTES = 1 << 30
+
+
+def file_limits(max_bytes: int) -> Limits:
+    """The files map's limits: bytes of content only, no entry cap, no TTL."""
+    return Limits(max_entries=sys.maxsize, max_bytes=max_bytes, ttl_secs=0)
+
+
+def _expired(record: FileRecord, now: float) -> bool:
+    return record.expires_at is not None and record.expires_at <= now
+
+
 class MemoryStore:
     def __init__(
         self,
         responses: Limits | None = None,
         conversations: Limits | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        files: Limits | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        """`clock` measures TTLs; `wall_clock` is compared with files' `expires_at`."""
         self.responses: BoundedMap[_StoredResponse] = BoundedMap(
             responses or Limits(1024, 268435456, 3600), clock
         )
         self.conversations: BoundedMap[_StoredConversation] = BoundedMap(
             conversations or Limits(256, 67108864, 3600), clock
         )
+        self.files: BoundedMap[_StoredFile] = BoundedMap(
+            files or file_limits(DEFAULT_FILES_MAX_BYTES), clock
+        )
+        self.wall_clock = wall_clock
 
     # -- responses ------------------------------------------------------------------------
 
@@ -255,6 +291,51 @@ class MemoryStore:
             return False
         conv.items = kept
         self.conversations.resize(conversation_id, self._conversation_size(conv))
+        return True
+
+    # -- files ----------------------------------------------------------------------------
+
+    def _purge_expired_files(self) -> None:
+        now = self.wall_clock()
+        for stored in self.files.values():
+            if _expired(stored.record, now):
+                self.files.pop(stored.record.id)
+
+    def _owned_file(self, owner: str, file_id: str) -> _StoredFile | None:
+        stored = self.files.get(file_id)
+        if stored is None or stored.record.owner != owner:
+            return None
+        if _expired(stored.record, self.wall_clock()):
+            self.files.pop(file_id)  # invisible from now on; free its bytes too
+            return None
+        return stored
+
+    async def save_file(self, record: FileRecord, content: bytes) -> None:
+        self._purge_expired_files()  # expired bytes must not evict live files
+        if _expired(record, self.wall_clock()):
+            return  # invisible from the start
+        self.files.put(record.id, _StoredFile(replace(record), bytes(content)), len(content))
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        stored = self._owned_file(owner, file_id)
+        return replace(stored.record) if stored else None
+
+    async def file_content(self, owner: str, file_id: str) -> bytes | None:
+        stored = self._owned_file(owner, file_id)
+        return stored.content if stored else None
+
+    async def list_files(self, owner: str) -> list[FileRecord]:
+        now = self.wall_clock()
+        return [
+            replace(s.record)
+            for s in self.files.values()
+            if s.record.owner == owner and not _expired(s.record, now)
+        ]
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        if self._owned_file(owner, file_id) is None:
+            return False
+        self.files.pop(file_id)
         return True
 
     async def close(self) -> None:

@@ -43,6 +43,22 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX conversation_items_conv ON conversation_items(conversation_id, pos);
     """,
+    # 2: uploaded files (POST /v1/files): metadata columns and the bytes as a BLOB.
+    """
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        mime_type TEXT NOT NULL,
+        expires_at INTEGER,
+        content BLOB NOT NULL
+    );
+    CREATE INDEX files_owner ON files(owner, created_at);
+    CREATE INDEX files_expires ON files(expires_at) WHERE expires_at IS NOT NULL;
+    """,
 ]
 
 

@@ -11,11 +11,12 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from respd.store.base import JSON, ConversationRecord, ResponseRecord
+from respd.store.base import JSON, ConversationRecord, FileRecord, ResponseRecord
 from respd.store.migrations import migrate
 
 T = TypeVar("T")
@@ -24,6 +25,11 @@ _RESPONSE_COLUMNS = (
     "id, owner, created_at, status, background, previous_response_id, conversation_id, "
     "response, input_items"
 )
+
+
+_FILE_COLUMNS = "id, owner, created_at, filename, purpose, bytes, mime_type, expires_at"
+# A file is visible until its `expires_at` (NULL: until deleted).
+_UNEXPIRED = "(expires_at IS NULL OR expires_at > ?)"
 
 
 def _dumps(obj: Any) -> str:
@@ -50,6 +56,19 @@ def _conversation(row: sqlite3.Row) -> ConversationRecord:
         owner=row["owner"],
         created_at=row["created_at"],
         metadata=json.loads(row["metadata"]),
+    )
+
+
+def _file(row: sqlite3.Row) -> FileRecord:
+    return FileRecord(
+        id=row["id"],
+        owner=row["owner"],
+        created_at=row["created_at"],
+        filename=row["filename"],
+        purpose=row["purpose"],
+        bytes=row["bytes"],
+        mime_type=row["mime_type"],
+        expires_at=row["expires_at"],
     )
 
 
@@ -243,6 +262,75 @@ class SqliteStore:
             cur = conn.execute(
                 "DELETE FROM conversation_items WHERE conversation_id = ? AND item_id = ?",
                 (conversation_id, item_id),
+            )
+            return cur.rowcount > 0
+
+        return await self._run(delete)
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def save_file(self, record: FileRecord, content: bytes) -> None:
+        row = (
+            record.id,
+            record.owner,
+            record.created_at,
+            record.filename,
+            record.purpose,
+            record.bytes,
+            record.mime_type,
+            record.expires_at,
+            sqlite3.Binary(content),
+        )
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO files ({_FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            # Expired files are invisible to every read; their rows are purged here, lazily.
+            conn.execute(
+                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?",
+                (int(time.time()),),
+            )
+
+        await self._run(write)
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        def read(conn: sqlite3.Connection) -> FileRecord | None:
+            row = conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
+                (file_id, owner, int(time.time())),
+            ).fetchone()
+            return _file(row) if row else None
+
+        return await self._run(read)
+
+    async def file_content(self, owner: str, file_id: str) -> bytes | None:
+        def read(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute(
+                f"SELECT content FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
+                (file_id, owner, int(time.time())),
+            ).fetchone()
+            return bytes(row[0]) if row else None
+
+        return await self._run(read)
+
+    async def list_files(self, owner: str) -> list[FileRecord]:
+        def read(conn: sqlite3.Connection) -> list[FileRecord]:
+            rows = conn.execute(  # metadata only: the BLOBs stay on disk
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = ? AND {_UNEXPIRED} "
+                "ORDER BY created_at, rowid",
+                (owner, int(time.time())),
+            ).fetchall()
+            return [_file(r) for r in rows]
+
+        return await self._run(read)
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                f"DELETE FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
+                (file_id, owner, int(time.time())),
             )
             return cur.rowcount > 0
 
