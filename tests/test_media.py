@@ -378,3 +378,21 @@ def test_tool_output_with_a_file_replays_identically(client: openai.OpenAI) -> N
         },
     ]
     assert count(client, input=first_input) == count(client, input=lowered)
+
+
+def test_chat_completions_file_part_is_the_same_text(client: openai.OpenAI) -> None:
+    question = {"type": "text", "text": "When is the launch?"}
+    part = {
+        "type": "file",
+        "file": {"filename": "notes.md", "file_data": data_url(NOTES, "text/markdown")},
+    }
+    as_file = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": [question, part]}], max_tokens=1
+    )
+    as_text = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=[{"role": "user", "content": "When is the launch?\n" + NOTES_BLOCK}],
+        max_tokens=1,
+    )
+    assert as_file.usage is not None and as_text.usage is not None
+    assert as_file.usage.prompt_tokens == as_text.usage.prompt_tokens > 30

@@ -1,6 +1,12 @@
 """Responses API input → the canonical conversation (a list of `ChatMessage`).
 
 Errors name the exact path of the offending value (`input[2].content[0].type`), as OpenAI's do.
+
+Media parts arrive already resolved (`media.py` fetched, decoded and checked them, keyed by
+part path), so everything here is pure. Lowering follows seed 003: user-turn images stay in
+place as one engine media marker each; images of other turns, and of array tool outputs,
+move to a user turn right after (a tool turn then ends with `ATTACHED_LINE`); tool-output
+parts of no known type stay as one line of JSON; files become `<file name="…">` text blocks.
 """
 
 from __future__ import annotations
