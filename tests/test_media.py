@@ -396,3 +396,23 @@ def test_chat_completions_file_part_is_the_same_text(client: openai.OpenAI) -> N
     )
     assert as_file.usage is not None and as_text.usage is not None
     assert as_file.usage.prompt_tokens == as_text.usage.prompt_tokens > 30
+
+
+def test_conversation_items_are_checked_and_refused_by_a_text_only_model(
+    client: openai.OpenAI,
+) -> None:
+    err = bad_request(
+        lambda: client.conversations.create(items=[user(image("data:image/png;base64,@@"))])
+    )
+    assert (err.code, err.param) == ("invalid_base64_image", "items[0].content[0].image_url")
+    # A valid image is kept (a conversation is not tied to a model), stored as sent...
+    conv = client.conversations.create(items=[user(text("look"), image(detail="low"))])
+    [item] = client.conversations.items.list(conv.id).data
+    assert item.type == "message"
+    assert item.content[1].model_dump(exclude_none=True) == image(detail="low")
+    # ...and this text-only model refuses it when the conversation is used.
+    err = bad_request(
+        lambda: client.responses.create(model=MODEL_ID, conversation=conv.id, input="and?")
+    )
+    assert err.code == "unsupported_input" and MODEL_ID in err.message
+    assert len(client.conversations.items.list(conv.id).data) == 1
