@@ -69,10 +69,6 @@ def test_blank_input_with_instructions_passes(http: httpx.Client) -> None:
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        (
-            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
-            "input[0].content[0].type",
-        ),
     ],
 )
 def test_not_yet_implemented_fields_are_named_400s(
@@ -84,9 +80,21 @@ def test_not_yet_implemented_fields_are_named_400s(
 
 
 def test_image_input_on_text_model_names_the_model(http: httpx.Client) -> None:
-    img = {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}
+    # A valid 1x1 PNG: the image is checked first, then the model's capability.
+    png = (
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAF"
+        "BQIAX8jx0gAAAABJRU5ErkJggg=="
+    )
+    img = {"type": "input_image", "image_url": f"data:image/png;base64,{png}", "detail": "auto"}
     err = _error(_create(http, input=[{"role": "user", "content": [img]}]), 400)
     assert MODEL_ID in err["message"] and "image" in err["message"]
+    assert (err["param"], err["code"]) == ("input[0].content[0]", "unsupported_input")
+
+
+def test_unknown_file_id_in_input_file_is_a_404(http: httpx.Client) -> None:
+    part = {"type": "input_file", "file_id": "file-unknown"}
+    err = _error(_create(http, input=[{"role": "user", "content": [part]}]), 404)
+    assert err["param"] == "input[0].content[0].file_id"
 
 
 def test_unknown_fields_are_ignored(http: httpx.Client) -> None:

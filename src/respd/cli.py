@@ -35,6 +35,19 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         literal_args = [a for a in get_args(field.annotation) if isinstance(a, str)]
         if literal_args:
             choices = literal_args
+        help_text = f"{field.description} [env: {env}] [default: {default_text}]"
+        if field.annotation is bool:
+            # `--flag` alone switches it on; `--flag false` (or true) is explicit.
+            parser.add_argument(
+                flag,
+                dest=name,
+                nargs="?",
+                const="true",
+                default=None,
+                metavar="BOOL",
+                help=help_text,
+            )
+            continue
         parser.add_argument(
             flag,
             dest=name,
@@ -42,7 +55,7 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
             choices=choices,
             default=None,
             metavar=name.upper() if not choices else None,
-            help=f"{field.description} [env: {env}] [default: {default_text}]",
+            help=help_text,
         )
 
 

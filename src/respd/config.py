@@ -165,6 +165,36 @@ class Settings(BaseSettings):
         description="Largest upload POST /v1/files accepts, in bytes; a larger one is a 413 "
         "and nothing is stored.",
     )
+    max_image_bytes: int = Field(
+        20 * 2**20,
+        ge=1,
+        description="Largest image file (encoded bytes, after base64 decoding) accepted in "
+        "input; more is a 400.",
+    )
+    max_image_pixels: int = Field(
+        33_177_600,
+        ge=1,
+        description="Most pixels (width x height) an input image may decode to; more is a 400 "
+        "(decompression bombs included).",
+    )
+    max_image_side: int = Field(
+        8192, ge=1, description="Longest width or height in pixels of an input image."
+    )
+    max_input_file_bytes: int = Field(
+        32 * 2**20,
+        ge=1,
+        description="Largest document an input_file part may give inline (file_data) or by "
+        "file_url; more is a 400 (a file_id is bounded by the upload limit).",
+    )
+    allow_remote_media: bool = Field(
+        False,
+        description="Fetch http(s) image_url / file_url inputs. Off: such URLs are a 400. "
+        "On: hosts resolving to loopback, private, link-local or reserved addresses are "
+        "refused at every redirect hop.",
+    )
+    remote_media_timeout_secs: float = Field(
+        10.0, gt=0, description="Time limit for fetching one remote image or file."
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."
     )

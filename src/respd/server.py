@@ -12,6 +12,7 @@ from respd.api.app import create_app
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.multimodal import ProjectorError
+from respd.service.media import MediaSettings
 from respd.service.sampling import SamplingDefaults
 from respd.store import Limits, Store, StoreConfigError, open_store
 from respd.store.memory import file_limits
@@ -77,6 +78,17 @@ def build_store(settings: Settings) -> Store:
         raise SystemExit(f"respd: {exc}") from exc
 
 
+def media_settings(settings: Settings) -> MediaSettings:
+    return MediaSettings(
+        max_image_bytes=settings.max_image_bytes,
+        max_image_pixels=settings.max_image_pixels,
+        max_image_side=settings.max_image_side,
+        max_input_file_bytes=settings.max_input_file_bytes,
+        allow_remote_media=settings.allow_remote_media,
+        remote_media_timeout_secs=settings.remote_media_timeout_secs,
+    )
+
+
 def serve(settings: Settings) -> int:
     console = Console(stderr=True)
     store = build_store(settings)  # before the model: a bad --store fails fast
@@ -90,6 +102,7 @@ def serve(settings: Settings) -> int:
         ),
         store,
         sse_keepalive=settings.sse_keepalive_secs,
+        media=media_settings(settings),
         max_file_bytes=settings.max_file_bytes,
     )
     config = uvicorn.Config(

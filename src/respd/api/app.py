@@ -16,6 +16,7 @@ from respd.service.background import BackgroundJobs
 from respd.service.chat import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
+from respd.service.media import MediaSettings
 from respd.service.responses import ResponsesService
 from respd.service.sampling import SamplingDefaults
 from respd.service.stored import StoredResponses
@@ -28,12 +29,13 @@ def create_app(
     store: Store | None = None,
     *,
     sse_keepalive: float = 15.0,
+    media: MediaSettings | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> FastAPI:
     """Build the app. The store is owned by the app from here on: closed at shutdown."""
     defaults = defaults or SamplingDefaults()
     store = store if store is not None else MemoryStore()
-    service = ResponsesService(engine, defaults, store)
+    service = ResponsesService(engine, defaults, store, media)
     jobs = BackgroundJobs(service, store)
 
     @asynccontextmanager
@@ -52,9 +54,9 @@ def create_app(
     app.state.responses = service
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)
-    app.state.conversations = ConversationsService(store, engine.model_id)
+    app.state.conversations = ConversationsService(store, engine.model_id, service.media)
     app.state.files = FilesService(store, max_file_bytes)
-    app.state.chat = ChatService(engine, defaults)
+    app.state.chat = ChatService(engine, defaults, service.media)
     install_error_handlers(app)
     app.include_router(responses.router)
     app.include_router(conversations.router)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from respd.api.body import parse_body
+from respd.api.identity import owner_of
 from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
 from respd.service.chat import ChatResult, ChatService, PreparedChat, ToolCallDelta
@@ -30,7 +31,7 @@ async def _complete(service: ChatService, prepared: PreparedChat) -> ChatResult:
 async def chat_completions(request: Request) -> Response:
     service: ChatService = request.app.state.chat
     body = await parse_body(request, ChatCompletionRequest)
-    prepared = await service.prepare(body)
+    prepared = await service.prepare(body, owner_of(request))
     if not body.stream:
         result = await until_disconnect(request, _complete(service, prepared))
         return JSONResponse(dump(service.completion(prepared, result)))

@@ -46,6 +46,9 @@ class Image:
 
     data: bytes
     mime_type: str = ""
+    # The client's resolution hint (`low` | `high` | `auto` | `original`); an engine may use
+    # it to pick how many tokens the image gets. It is not part of the digest.
+    detail: str = "auto"
 
     @cached_property
     def digest(self) -> str:

@@ -16,6 +16,7 @@ from respd.engines.base import (
     Engine,
     GenerationDone,
     GenerationStream,
+    Image,
     SamplingParams,
     TokenChunk,
     ToolCall,
@@ -23,8 +24,9 @@ from respd.engines.base import (
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported, model_not_found
 from respd.service.admission import admit
-from respd.service.context import fit_to_context
+from respd.service.context import fit_to_context, message_images
 from respd.service.ids import new_id
+from respd.service.media import MediaResolver
 from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
 from respd.service.reasoning import (
     ReasoningDelta,
@@ -45,7 +47,12 @@ from respd.service.tool_parsing import (
     ToolCallParser,
 )
 from respd.service.tools import chat_tool_choice, chat_tools
-from respd.service.translate import content_text, require_effective_input
+from respd.service.translate import (
+    Lowering,
+    lower_message,
+    lower_tool_output,
+    require_effective_input,
+)
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_SEQUENCES = 4
@@ -60,6 +67,7 @@ class PreparedChat:
     include_usage: bool
     plan: OutputPlan | None = None
     reasoning: ReasoningPlan | None = None
+    images: list[Image] = field(default_factory=list)  # those `prompt_tokens` holds, in order
     id: str = field(default_factory=lambda: "chatcmpl-" + new_id("c")[2:])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -113,7 +121,10 @@ def _tool_calls(raw: Any, param: str) -> list[ToolCall]:
     return calls
 
 
-def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
+def _messages(req: ChatCompletionRequest, low: Lowering) -> list[ChatMessage]:
+    """`messages` → the conversation, with media lowered as for Responses: images on user
+    turns stay in place, those of other turns (tool results included) move to a following
+    user turn."""
     out: list[ChatMessage] = []
     names: dict[str, str] = {}
     for i, msg in enumerate(req.messages):
@@ -134,9 +145,6 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
         )
         if content is None and role != "assistant":
             raise MissingParameter(f"{param}.content")
-        text = (
-            "" if content is None else content_text(content, f"{param}.content", model_id=model_id)
-        )
         if role == "tool":
             call_id = msg.get("tool_call_id")
             if call_id not in names:
@@ -146,18 +154,22 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
                     param=f"{param}.tool_call_id",
                     code="invalid_value",
                 )
+            text, image_turns = lower_tool_output(content, f"{param}.content", low)
             out.append(ChatMessage("tool", text, tool_call_id=call_id, name=names[call_id]))
+            out += image_turns
             continue
         names.update((c.id, c.name) for c in calls)
         reasoning = msg.get("reasoning_content") if role == "assistant" else None
-        out.append(
-            ChatMessage(
-                "system" if role == "developer" else role,
-                text,
-                tool_calls=calls,
-                reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
-            )
+        turns = lower_message(
+            "system" if role == "developer" else role,
+            "" if content is None else content,
+            f"{param}.content",
+            low,
         )
+        turns[0].tool_calls = calls
+        if isinstance(reasoning, str) and reasoning:
+            turns[0].reasoning = reasoning
+        out += turns
     return out
 
 
@@ -219,11 +231,14 @@ def _message(result: ChatResult) -> dict[str, Any]:
 
 
 class ChatService:
-    def __init__(self, engine: Engine, defaults: SamplingDefaults) -> None:
+    def __init__(
+        self, engine: Engine, defaults: SamplingDefaults, media: MediaResolver | None = None
+    ) -> None:
         self.engine = engine
         self.defaults = defaults
+        self.media = media
 
-    async def prepare(self, req: ChatCompletionRequest) -> PreparedChat:
+    async def prepare(self, req: ChatCompletionRequest, owner: str = "") -> PreparedChat:
         if req.model != self.engine.model_id:
             raise model_not_found(req.model)
         check_metadata(req.metadata)
@@ -257,7 +272,9 @@ class ChatService:
                 param="stop",
                 code="invalid_value",
             )
-        messages = _messages(req, self.engine.model_id)
+        media = await self.media.resolve_messages(req.messages, owner) if self.media else {}
+        low = Lowering(self.engine.model_id, self.engine.vision, self.engine.media_marker, media)
+        messages = _messages(req, low)
         require_effective_input(messages, param="messages")
         template_kwargs = template_controls(req.reasoning_effort, self.engine.template_source)
         plan = plan_output(
@@ -274,7 +291,7 @@ class ChatService:
         plan = with_reasoning(plan, reasoning, req.reasoning_effort)
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "response_format")
         sampling.grammar = plan.grammar
-        _, tokens = await asyncio.to_thread(
+        fitted, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
             plan.messages,
@@ -285,7 +302,9 @@ class ChatService:
             template_kwargs=template_kwargs,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return PreparedChat(req, tokens, sampling, stops, include_usage, plan, reasoning)
+        return PreparedChat(
+            req, tokens, sampling, stops, include_usage, plan, reasoning, message_images(fitted)
+        )
 
     def generate(
         self, prepared: PreparedChat
@@ -294,7 +313,11 @@ class ChatService:
         tool-call deltas and one final `ChatResult`; closing early cancels the generation."""
         req = prepared.request
         generation = admit(
-            self.engine, prepared.prompt_tokens, prepared.sampling, req.prompt_cache_key or req.user
+            self.engine,
+            prepared.prompt_tokens,
+            prepared.sampling,
+            req.prompt_cache_key or req.user,
+            prepared.images,
         )
         return self._stream(prepared, generation)
 

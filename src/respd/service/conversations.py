@@ -9,19 +9,21 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, NotFound
 from respd.service.history import conversation_not_found
 from respd.service.ids import new_id
 from respd.service.items import normalize_items, page
+from respd.service.media import MediaResolver
 from respd.service.responses import check_metadata
-from respd.service.translate import input_to_messages
+from respd.service.translate import Lowering, input_to_messages
 from respd.store.base import JSON, ConversationRecord, Store
 
 MAX_ITEMS_PER_CALL = 20
 
 
 class ConversationsService:
-    def __init__(self, store: Store, model_id: str) -> None:
+    def __init__(self, store: Store, model_id: str, media: MediaResolver | None = None) -> None:
         self.store = store
         self.model_id = model_id
+        self.media = media or MediaResolver(store)
 
-    def _items(self, items: Any, *, required: bool) -> list[JSON]:
+    async def _items(self, items: Any, owner: str, *, required: bool) -> list[JSON]:
         if items is None:
             if required:
                 raise MissingParameter("items")
@@ -39,7 +41,15 @@ class ConversationsService:
                 param="items",
                 code="array_above_max_length",
             )
-        input_to_messages(items, model_id=self.model_id)  # validates each item
+        # Validate each item, media included (decoded and checked, whatever the model: a
+        # conversation is not tied to one; a text-only model refuses its images when used).
+        media = await self.media.resolve_items(items, owner, prefix="items")
+        input_to_messages(
+            items,
+            model_id=self.model_id,
+            lowering=Lowering(self.model_id, True, media=media),
+            prefix="items",
+        )
         return normalize_items(items)
 
     async def _get(self, owner: str, conversation_id: str) -> ConversationRecord:
@@ -50,7 +60,7 @@ class ConversationsService:
 
     async def create(self, owner: str, items: Any, metadata: dict[str, str] | None) -> JSON:
         check_metadata(metadata)
-        stored = self._items(items, required=False)
+        stored = await self._items(items, owner, required=False)
         record = ConversationRecord(new_id("conv"), owner, int(time.time()), metadata or {})
         await self.store.create_conversation(record, stored)
         return record.as_object()
@@ -73,7 +83,7 @@ class ConversationsService:
         return {"id": conversation_id, "object": "conversation.deleted", "deleted": True}
 
     async def add_items(self, owner: str, conversation_id: str, items: Any) -> JSON:
-        stored = self._items(items, required=True)
+        stored = await self._items(items, owner, required=True)
         if not await self.store.add_conversation_items(owner, conversation_id, stored):
             raise conversation_not_found(conversation_id, param="conversation_id")
         return {

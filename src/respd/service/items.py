@@ -22,6 +22,7 @@ _ID_PREFIX = {
     "reasoning": "rs",
 }
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_IMAGE_PARTS = ("input_image", "image_url")
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 
@@ -32,6 +33,21 @@ def _text_part(role: str, text: str) -> JSON:
     return {"type": "input_text", "text": text}
 
 
+def _image_part(part: JSON) -> JSON:
+    """An image part in the Responses shape. Its source (a data URI stays the data URI the
+    client sent, or a file_id, or a URL) is kept as given, never the decoded bytes, so a
+    replay resolves and lowers it exactly as the first request did."""
+    if part.get("type") == "image_url":  # the Chat Completions spelling
+        inner = part.get("image_url")
+        url = inner.get("url") if isinstance(inner, dict) else inner
+        detail = inner.get("detail") if isinstance(inner, dict) else None
+        return {"type": "input_image", "image_url": url, "detail": detail or "auto"}
+    out = dict(part)
+    if out.get("detail") is None:
+        out["detail"] = "auto"
+    return out
+
+
 def _parts(role: str, content: Any) -> list[JSON]:
     if isinstance(content, str):
         return [_text_part(role, content)]
@@ -39,6 +55,8 @@ def _parts(role: str, content: Any) -> list[JSON]:
     for part in content:
         if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
             parts.append(_text_part(role, str(part.get("text", ""))))
+        elif isinstance(part, dict) and part.get("type") in _IMAGE_PARTS:
+            parts.append(_image_part(part))
         else:
             parts.append(dict(part))
     return parts

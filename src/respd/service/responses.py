@@ -30,6 +30,7 @@ from respd.service.context import fit_to_context, message_images
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
+from respd.service.media import MediaResolver, MediaSettings
 from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
 from respd.service.reasoning import (
     ReasoningPlan,
@@ -41,7 +42,7 @@ from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.structured import check_plan_grammar, responses_answer_schema
 from respd.service.tool_parsing import ToolCallParser
 from respd.service.tools import responses_tool_choice, responses_tools
-from respd.service.translate import input_to_messages, require_effective_input
+from respd.service.translate import Lowering, input_to_messages, require_effective_input
 from respd.store.base import JSON, ResponseRecord, Store
 
 log = logging.getLogger(__name__)
@@ -189,10 +190,20 @@ def _check_state_params(req: CreateResponseRequest) -> None:
 
 
 class ResponsesService:
-    def __init__(self, engine: Engine, defaults: SamplingDefaults, store: Store) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        defaults: SamplingDefaults,
+        store: Store,
+        media: MediaSettings | None = None,
+    ) -> None:
         self.engine = engine
         self.defaults = defaults
         self.store = store
+        self.media = MediaResolver(store, media)
+
+    def lowering(self, media: dict[str, Any]) -> Lowering:
+        return Lowering(self.engine.model_id, self.engine.vision, self.engine.media_marker, media)
 
     def check_model(self, model: str) -> None:
         if model != self.engine.model_id:
@@ -232,8 +243,16 @@ class ResponsesService:
             previous_response_id=req.previous_response_id,
             conversation=req.conversation,
         )
-        past = input_to_messages(history.items, model_id=model_id)
-        messages = past + input_to_messages(req.input, model_id=model_id, prior=past)
+        # Media first (fetch, decode, check: async), then the pure translation. History is
+        # resolved again from its stored wire shape, so a replay lowers exactly as before.
+        past_media = await self.media.resolve_items(history.items, owner)
+        input_media = await self.media.resolve_items(req.input, owner)
+        past = input_to_messages(
+            history.items, model_id=model_id, lowering=self.lowering(past_media)
+        )
+        messages = past + input_to_messages(
+            req.input, model_id=model_id, prior=past, lowering=self.lowering(input_media)
+        )
         if req.instructions:
             messages.insert(0, ChatMessage("system", req.instructions))
         require_effective_input(messages)

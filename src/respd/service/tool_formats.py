@@ -119,19 +119,24 @@ def generic_messages(
         if m.role == "tool":
             block = f"<tool_response>\n{m.content}\n</tool_response>"
             if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
-                out[-1] = ChatMessage("user", out[-1].content + "\n" + block)
+                prev = out[-1]
+                out[-1] = ChatMessage("user", prev.content + "\n" + block, images=prev.images)
             else:
                 out.append(ChatMessage("user", block))
         elif m.tool_calls:
             calls = "\n".join(generic_call_text(c.name, c.arguments) for c in m.tool_calls)
             text = f"{m.content}\n{calls}" if m.content.strip() else calls
-            out.append(ChatMessage(m.role, text, reasoning=m.reasoning))
+            out.append(ChatMessage(m.role, text, images=list(m.images), reasoning=m.reasoning))
         else:
-            out.append(ChatMessage(m.role, m.content, reasoning=m.reasoning))
+            # Images (and their markers in the text) travel with their turn.
+            out.append(
+                ChatMessage(m.role, m.content, images=list(m.images), reasoning=m.reasoning)
+            )
     if tools:
         prompt = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
         if out and out[0].role == "system":
-            out[0] = ChatMessage("system", f"{out[0].content}\n\n{prompt}")
+            first = out[0]
+            out[0] = ChatMessage("system", f"{first.content}\n\n{prompt}", images=first.images)
         else:
             out.insert(0, ChatMessage("system", prompt))
     return out

@@ -1,19 +1,34 @@
 """Responses API input → the canonical conversation (a list of `ChatMessage`).
 
 Errors name the exact path of the offending value (`input[2].content[0].type`), as OpenAI's do.
+
+Media parts arrive already resolved (`media.py` fetched, decoded and checked them, keyed by
+part path), so everything here is pure. Lowering follows seed 003: user-turn images stay in
+place as one engine media marker each; images of other turns, and of array tool outputs,
+move to a user turn right after (a tool turn then ends with `ATTACHED_LINE`); tool-output
+parts of no known type stay as one line of JSON; files become `<file name="…">` text blocks.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
-from respd.engines.base import ChatMessage, ToolCall
+from respd.engines.base import ChatMessage, Image, ToolCall
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
+from respd.service.media import FILE_PARTS, IMAGE_PARTS, FileText, Media
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_IMAGE_PARTS = ("input_image", "image_url")
-_MEDIA_PARTS = (*_IMAGE_PARTS, "input_audio", "video_url")
+_IMAGE_PARTS = IMAGE_PARTS
+_FILE_PARTS = FILE_PARTS
+_NO_INPUT_PARTS = ("input_audio", "video_url")
+IMAGE_DETAILS = ("low", "high", "auto", "original")
+# What a tool turn whose images moved to the next turn ends with.
+ATTACHED_LINE = "[Image output attached in the next message]"
+# The marker text when no engine says otherwise (llama.cpp's mtmd default).
+DEFAULT_MEDIA_MARKER = "<__media__>"
 # Item types that a later piece of work implements; until then they are a named 400.
 _NOT_YET_ITEMS = {
     "item_reference": "stored items",
@@ -35,17 +50,64 @@ def _role(value: Any, param: str) -> str:
     return "system" if value == "developer" else value
 
 
-def content_text(content: Any, param: str, *, model_id: str) -> str:
-    """The text of a message's `content` (a string or a list of parts)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequest(
-            f"Invalid type for '{param}': expected a string or an array of content parts.",
-            param=param,
-            code="invalid_type",
-        )
-    texts: list[str] = []
+@dataclass(frozen=True)
+class Lowering:
+    """How media parts lower: what the resolution pass found for each part path, and
+    whether (and with which marker) the model takes images."""
+
+    model_id: str
+    vision: bool = False
+    marker: str = DEFAULT_MEDIA_MARKER
+    media: Media = field(default_factory=dict)
+
+    def image(self, part: dict[str, Any], p: str) -> Image:
+        kind = part["type"]
+        if kind == "image_url" and isinstance(part.get("image_url"), dict):
+            detail, detail_param = part["image_url"].get("detail"), f"{p}.image_url.detail"
+        else:
+            detail, detail_param = part.get("detail"), f"{p}.detail"
+        if detail is not None and detail not in IMAGE_DETAILS:
+            raise InvalidRequest(
+                f"Invalid value for '{detail_param}': expected one of "
+                f"{', '.join(IMAGE_DETAILS)}, got {detail!r}.",
+                param=detail_param,
+                code="invalid_value",
+            )
+        resolved = self._resolved(p)
+        if not isinstance(resolved, Image):
+            raise RuntimeError(f"{p}: expected a resolved image")
+        if not self.vision:
+            raise InvalidRequest(
+                f"The model '{self.model_id}' has no image input; the '{kind}' content at "
+                f"'{p}' cannot be processed. Use a vision model.",
+                param=p,
+                code="unsupported_input",
+            )
+        return Image(resolved.data, resolved.mime_type, detail or "auto")
+
+    def file_text(self, p: str) -> str:
+        resolved = self._resolved(p)
+        if not isinstance(resolved, FileText):
+            raise RuntimeError(f"{p}: expected a resolved file")
+        return resolved.block()
+
+    def _resolved(self, p: str) -> Image | FileText:
+        try:
+            return self.media[p]
+        except KeyError:  # a caller skipped the resolution pass: a bug, not a bad request
+            raise RuntimeError(f"media part {p} was not resolved before translation") from None
+
+
+Piece = str | Image
+
+
+def _parts(
+    content: list[Any], param: str, low: Lowering, *, keep_unknown: bool
+) -> tuple[list[Piece], list[dict[str, Any]]]:
+    """Content parts → text pieces and images in order, plus (with `keep_unknown`, for tool
+    outputs) the parts of no known type, which the caller keeps as JSON text."""
+    pieces: list[Piece] = []
+    unknown: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -57,28 +119,82 @@ def content_text(content: Any, param: str, *, model_id: str) -> str:
             text = part.get("text")
             if not isinstance(text, str):
                 raise MissingParameter(f"{p}.text")
-            texts.append(text)
-        elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
-        elif kind in _MEDIA_PARTS:
+            pieces.append(text)
+        elif kind == "refusal" and not keep_unknown:
+            pieces.append(str(part.get("refusal", "")))
+        elif kind in _IMAGE_PARTS:
+            pieces.append(low.image(part, p))
+        elif kind in _FILE_PARTS:
+            pieces.append(low.file_text(p))
+        elif kind in _NO_INPUT_PARTS:
+            what = "audio" if kind == "input_audio" else "video"
             raise InvalidRequest(
-                f"The model '{model_id}' has no image, audio or video input; "
-                f"'{kind}' content cannot be processed.",
+                f"This server has no {what} input; '{kind}' content cannot be processed "
+                f"(model '{low.model_id}').",
                 param=f"{p}.type",
                 code="unsupported_input",
             )
-        elif kind == "input_file":
-            raise Unsupported(
-                "'input_file' content parts are not supported by this server yet.",
-                param=f"{p}.type",
-            )
+        elif keep_unknown:
+            unknown.append(part)
         else:
             raise InvalidRequest(
                 f"Invalid value for '{p}.type': {kind!r} is not a known content part type.",
                 param=f"{p}.type",
                 code="invalid_value",
             )
-    return "\n".join(texts)
+    return pieces, unknown
+
+
+def _check_content(content: Any, param: str) -> None:
+    if not isinstance(content, str | list):
+        raise InvalidRequest(
+            f"Invalid type for '{param}': expected a string or an array of content parts.",
+            param=param,
+            code="invalid_type",
+        )
+
+
+def _image_turn(images: list[Image], low: Lowering) -> ChatMessage:
+    """The user turn that carries images moved off a turn templates show no images on."""
+    return ChatMessage("user", "\n".join(low.marker for _ in images), images=images)
+
+
+def lower_message(role: str, content: Any, param: str, low: Lowering) -> list[ChatMessage]:
+    """A message's content → its turn, plus a following user turn holding its images when
+    the role is not `user` (chat templates place images on user turns only). On a user turn
+    each image stays where it was, as one `low.marker` between the texts."""
+    _check_content(content, param)
+    if isinstance(content, str):
+        return [ChatMessage(role, content)]
+    pieces, _ = _parts(content, param, low, keep_unknown=False)
+    images = [piece for piece in pieces if isinstance(piece, Image)]
+    if role == "user":
+        text = "\n".join(low.marker if isinstance(piece, Image) else piece for piece in pieces)
+        return [ChatMessage(role, text, images=images)]
+    text = "\n".join(piece for piece in pieces if isinstance(piece, str))
+    turns = [ChatMessage(role, text)]
+    if images:
+        turns.append(_image_turn(images, low))
+    return turns
+
+
+def lower_tool_output(output: Any, param: str, low: Lowering) -> tuple[str, list[ChatMessage]]:
+    """A tool result → (the tool turn's text, the user image turn that must follow it).
+
+    A string is the text as it is. An array: text parts (and files, as text) joined with
+    newlines; parts of no known type appended as one line of JSON; images moved, in order, to
+    the following user turn, the text ending with `ATTACHED_LINE`."""
+    _check_content(output, param)
+    if isinstance(output, str):
+        return output, []
+    pieces, unknown = _parts(output, param, low, keep_unknown=True)
+    lines = [piece for piece in pieces if isinstance(piece, str)]
+    images = [piece for piece in pieces if isinstance(piece, Image)]
+    if unknown:
+        lines.append(json.dumps(unknown, separators=(",", ":"), ensure_ascii=False))
+    if images:
+        lines.append(ATTACHED_LINE)
+    return "\n".join(lines), [_image_turn(images, low)] if images else []
 
 
 def input_to_messages(
@@ -86,17 +202,21 @@ def input_to_messages(
     *,
     model_id: str,
     prior: list[ChatMessage] | None = None,
+    lowering: Lowering | None = None,
+    prefix: str = "input",
 ) -> list[ChatMessage]:
     """Translate the Responses `input` field. `prior` is the history it continues (from
     `previous_response_id` or a conversation): a `function_call_output` may answer a call
-    made there."""
+    made there. `lowering` carries the media the resolution pass found (`media.py`) and
+    the model's image capability; without it any media part is a bug."""
+    low = lowering or Lowering(model_id)
     if items is None:
         return []
     if isinstance(items, str):
         return [ChatMessage("user", items)]
     messages: list[ChatMessage] = []
     for i, item in enumerate(items):
-        param = f"input[{i}]"
+        param = f"{prefix}[{i}]"
         kind = item.get("type", "message")
         if kind == "message":
             if "role" not in item:
@@ -104,12 +224,11 @@ def input_to_messages(
             if "content" not in item:
                 raise MissingParameter(f"{param}.content")
             role = _role(item["role"], f"{param}.role")
-            text = content_text(item["content"], f"{param}.content", model_id=model_id)
-            messages.append(ChatMessage(role, text))
+            messages += lower_message(role, item["content"], f"{param}.content", low)
         elif kind == "function_call":
             _function_call(item, param, messages)
         elif kind == "function_call_output":
-            _function_call_output(item, param, messages, model_id=model_id, prior=prior or [])
+            _function_call_output(item, param, messages, low=low, prior=prior or [])
         elif kind == "reasoning":
             messages.append(ChatMessage(_REASONING, "", reasoning=_reasoning_text(item, param)))
         elif kind in _NOT_YET_ITEMS:
@@ -154,7 +273,7 @@ def _function_call_output(
     param: str,
     messages: list[ChatMessage],
     *,
-    model_id: str,
+    low: Lowering,
     prior: list[ChatMessage],
 ) -> None:
     call_id = _required_str(item, "call_id", param)
@@ -167,13 +286,14 @@ def _function_call_output(
         )
     if "output" not in item:
         raise MissingParameter(f"{param}.output")
-    output = content_text(item["output"], f"{param}.output", model_id=model_id)
+    output, image_turns = lower_tool_output(item["output"], f"{param}.output", low)
     messages.append(ChatMessage("tool", output, tool_call_id=call_id, name=calls[call_id].name))
+    messages += image_turns
 
 
 def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
     """Reject a conversation with nothing in it for the model to answer."""
-    if not any(m.content.strip() or m.tool_calls or m.reasoning for m in messages):
+    if not any(m.content.strip() or m.tool_calls or m.reasoning or m.images for m in messages):
         raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)
 
 
