@@ -446,3 +446,95 @@ def test_sdk_concurrent_image_and_text_requests(
         assert own >= min(len(solo[i]), 12), (i, text, solo[i])
     health = httpx.get(vision_server.base_url + "/health", timeout=10).json()
     assert health["engine"]["running"] == 0 and health["engine"]["queued"] == 0
+
+
+def _screenshot_request(image: Image) -> dict[str, object]:
+    """Seed 003's real-checkpoint request: a tool whose output carries a screenshot."""
+    return {
+        "model": MODEL_ID,
+        "input": [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Take a screenshot and tell me its colour."}
+                ],
+            },
+            {"type": "function_call", "call_id": "c1", "name": "screenshot", "arguments": "{}"},
+            {
+                "type": "function_call_output",
+                "call_id": "c1",
+                "output": [
+                    {"type": "input_text", "text": "captured"},
+                    {"type": "input_image", "image_url": data_uri(image)},
+                ],
+            },
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "name": "screenshot",
+                "parameters": {"type": "object", "properties": {}},
+            }
+        ],
+        "tool_choice": "none",
+        "max_output_tokens": 8,
+        "temperature": 0,
+    }
+
+
+def test_sdk_tool_output_image_reaches_the_model_after_the_tool_text(
+    vclient: openai.OpenAI,
+) -> None:
+    first = vclient.responses.create(**_screenshot_request(RED))  # type: ignore[call-overload]
+    again = vclient.responses.create(**_screenshot_request(RED))  # type: ignore[call-overload]
+    other = vclient.responses.create(**_screenshot_request(BLUE))  # type: ignore[call-overload]
+    assert first.status in ("completed", "incomplete")
+    assert first.usage and again.usage and other.usage
+    n = first.usage.input_tokens
+    assert again.usage.input_tokens == other.usage.input_tokens == n
+    # The same screenshot: the whole prompt but its last token is reused, image included.
+    assert again.usage.input_tokens_details.cached_tokens == n - 1
+    # Another screenshot: reuse stops where the image starts, which is right at the end of
+    # the prompt (the follow-up user turn after the tool text), not inside the tool output.
+    cached = other.usage.input_tokens_details.cached_tokens
+    after_image = n - cached - IMAGE_TOKENS
+    assert 0 < after_image <= 8, (n, cached)
+
+
+def test_sdk_input_image_answers_like_chat_image_url(vclient: openai.OpenAI) -> None:
+    """Seed 003: a user message carrying input_image gives the same answer as the equivalent
+    image_url Chat Completions request."""
+    text = "What colour is this picture?"
+    responses = vclient.responses.create(
+        model=MODEL_ID,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": text},
+                    {"type": "input_image", "image_url": data_uri(GREEN)},
+                ],
+            }
+        ],
+        max_output_tokens=12,
+        temperature=0,
+    )
+    chat = vclient.chat.completions.create(
+        model=MODEL_ID,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": text},
+                    {"type": "image_url", "image_url": {"url": data_uri(GREEN)}},
+                ],
+            }
+        ],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert responses.usage and chat.usage
+    assert chat.usage.prompt_tokens == responses.usage.input_tokens
+    assert chat.choices[0].message.content == responses.output_text
+    assert responses.output_text
