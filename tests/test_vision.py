@@ -538,3 +538,44 @@ def test_sdk_input_image_answers_like_chat_image_url(vclient: openai.OpenAI) -> 
     assert chat.usage.prompt_tokens == responses.usage.input_tokens
     assert chat.choices[0].message.content == responses.output_text
     assert responses.output_text
+
+
+def test_sdk_file_id_image_is_the_uploaded_image(vclient: openai.OpenAI) -> None:
+    """An `input_image` by `file_id` resolves through the Files API to the same image as its
+    data URI: same prompt length, and the second request reuses the first's image cells."""
+    uploaded = vclient.files.create(file=("blue.png", BLUE.data, "image/png"), purpose="vision")
+    text = "Is this picture dark?"
+    by_uri = vclient.responses.create(
+        model=MODEL_ID, input=image_input(BLUE, text), max_output_tokens=6, temperature=0
+    )
+    by_file = vclient.responses.create(
+        model=MODEL_ID,
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": text},
+                    {"type": "input_image", "file_id": uploaded.id, "detail": "auto"},
+                ],
+            }
+        ],
+        max_output_tokens=6,
+        temperature=0,
+    )
+    assert by_uri.usage and by_file.usage
+    assert by_file.usage.input_tokens == by_uri.usage.input_tokens
+    assert by_file.usage.input_tokens_details.cached_tokens == by_file.usage.input_tokens - 1
+    assert by_file.output_text == by_uri.output_text
+    vclient.files.delete(uploaded.id)
+    with pytest.raises(openai.NotFoundError) as err:
+        vclient.responses.create(
+            model=MODEL_ID,
+            input=[
+                {
+                    "role": "user",
+                    "content": [{"type": "input_image", "file_id": uploaded.id}],
+                }
+            ],
+            max_output_tokens=2,
+        )
+    assert err.value.body["param"] == "input[0].content[0].file_id"  # type: ignore[index]
