@@ -31,12 +31,12 @@ from llama_cpp._logger import set_verbose as set_llama_verbose
 from respd.engines.base import (
     ChatMessage,
     EngineBusy,
-    Image,
     EngineStats,
     FinishReason,
     GenerationDone,
     GenerationEvent,
     GenerationStream,
+    Image,
     SamplingParams,
     TokenChunk,
 )
