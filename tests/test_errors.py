@@ -68,7 +68,6 @@ def test_blank_input_with_instructions_passes(http: httpx.Client) -> None:
     [
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"top_logprobs": 3}, "top_logprobs"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input[0].content[0].type",

@@ -49,7 +49,10 @@ async def chat_completions(request: Request) -> Response:
                 elif isinstance(item, ToolCallDelta):
                     yield sse_frame(dump(service.chunk(prepared, delta=item.as_delta())))
                 else:
-                    yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
+                    chunk = service.chunk(
+                        prepared, delta={"content": item.text}, logprobs=item.logprobs
+                    )
+                    yield sse_frame(dump(chunk))
         yield sse_frame("[DONE]")
 
     return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)

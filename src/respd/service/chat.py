@@ -18,6 +18,7 @@ from respd.engines.base import (
     GenerationStream,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
     ToolCall,
 )
 from respd.protocol.chat import ChatCompletionRequest
@@ -25,6 +26,7 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported,
 from respd.service.admission import admit
 from respd.service.context import fit_to_context
 from respd.service.ids import new_id
+from respd.service.logprobs import LogprobAligner, check_top_logprobs, logprob_json
 from respd.service.output_plan import OutputPlan, plan_output
 from respd.service.responses import check_metadata
 from respd.service.sampling import SamplingDefaults, build_sampling
@@ -75,8 +77,17 @@ class ToolCallDelta:
 
 
 @dataclass
+class ContentDelta:
+    """Message text, with the logprobs of the tokens it completes (None: not requested)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
 class ChatResult:
     text: str = ""
+    logprobs: list[TokenLogprob] | None = None  # set when the request asked for logprobs
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     prompt_tokens: int = 0
@@ -143,21 +154,39 @@ def _messages(req: ChatCompletionRequest, model_id: str) -> list[ChatMessage]:
     return out
 
 
+def _content(
+    result: ChatResult, text: str, start: int, aligner: LogprobAligner | None
+) -> ContentDelta:
+    """`text` joins the message; `start`: its offset in the generated text."""
+    result.text += text
+    if aligner is None:
+        return ContentDelta(text)
+    logprobs = aligner.take(start, start + len(text))
+    if result.logprobs is not None:
+        result.logprobs += logprobs
+    return ContentDelta(text, logprobs)
+
+
 def _read(
-    result: ChatResult, parser: ToolCallParser | None, text: str, *, final: bool = False
-) -> list[str | ToolCallDelta]:
-    """Text after stop sequences → text and tool-call deltas, recorded in `result`."""
+    result: ChatResult,
+    parser: ToolCallParser | None,
+    text: str,
+    aligner: LogprobAligner | None = None,
+    *,
+    final: bool = False,
+) -> list[ContentDelta | ToolCallDelta]:
+    """Text after stop sequences → text and tool-call deltas, recorded in `result`.
+    Stop sequences only ever cut the end, so released text is a prefix of the generated
+    text, and (without a parser) `result.text` is all of it so far."""
     if parser is None:
-        result.text += text
-        return [text] if text else []
-    out: list[str | ToolCallDelta] = []
+        return [_content(result, text, len(result.text), aligner)] if text else []
+    out: list[ContentDelta | ToolCallDelta] = []
     events = parser.feed(text) if text else []
     if final:
         events += parser.finish()
     for e in events:
         if isinstance(e, TextDelta):
-            result.text += e.text
-            out.append(e.text)
+            out.append(_content(result, e.text, e.start, aligner))
         elif isinstance(e, CallStarted):
             call = ToolCall("call_" + new_id("c")[2:26], e.name, "")
             result.tool_calls.append(call)
@@ -200,8 +229,13 @@ class ChatService:
         policy = replace(
             chat_tool_choice(req.tool_choice, tools), parallel=req.parallel_tool_calls is not False
         )
-        if req.logprobs or req.top_logprobs:
-            raise Unsupported("Logprobs are not supported by this server yet.", param="logprobs")
+        check_top_logprobs(req.top_logprobs)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequest(
+                "Invalid 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.",
+                param="top_logprobs",
+                code="invalid_value",
+            )
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -236,6 +270,7 @@ class ChatService:
         )
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "response_format")
         sampling.grammar = plan.grammar
+        sampling.logprobs = (req.top_logprobs or 0) if req.logprobs else None
         _, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
@@ -250,7 +285,7 @@ class ChatService:
 
     def generate(
         self, prepared: PreparedChat
-    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
+    ) -> AsyncGenerator[ContentDelta | ToolCallDelta | ChatResult, None]:
         """Admit the generation now (503 when the engine is full), then yield text and
         tool-call deltas and one final `ChatResult`; closing early cancels the generation."""
         req = prepared.request
@@ -261,8 +296,11 @@ class ChatService:
 
     async def _stream(
         self, prepared: PreparedChat, generation: GenerationStream
-    ) -> AsyncGenerator[str | ToolCallDelta | ChatResult, None]:
+    ) -> AsyncGenerator[ContentDelta | ToolCallDelta | ChatResult, None]:
         result = ChatResult(prompt_tokens=len(prepared.prompt_tokens))
+        aligner = None
+        if prepared.sampling.logprobs is not None:
+            aligner, result.logprobs = LogprobAligner(), []
         matcher = StopMatcher(prepared.stops)
         parser = prepared.plan.parser() if prepared.plan else None
         done: GenerationDone | None = None
@@ -270,13 +308,15 @@ class ChatService:
             async for chunk in generation:
                 if isinstance(chunk, TokenChunk):
                     result.completion_tokens += len(chunk.token_ids)
-                    for item in _read(result, parser, matcher.feed(chunk.text)):
+                    if aligner is not None:
+                        aligner.feed(chunk.text, chunk.logprobs)
+                    for item in _read(result, parser, matcher.feed(chunk.text), aligner):
                         yield item
                     if matcher.stopped:
                         break  # closing the stream cancels the rest of the generation
                 else:
                     done = chunk
-        for item in _read(result, parser, matcher.flush(), final=True):
+        for item in _read(result, parser, matcher.flush(), aligner, final=True):
             yield item
         if done is not None:
             if done.finish_reason == "error":
@@ -308,7 +348,7 @@ class ChatService:
                         "index": 0,
                         "message": _message(result),
                         "finish_reason": result.finish_reason,
-                        "logprobs": None,
+                        "logprobs": _choice_logprobs(result.logprobs),
                     }
                 ],
                 "usage": self.usage(result),
@@ -323,6 +363,7 @@ class ChatService:
         delta: dict[str, Any] | None = None,
         finish_reason: str | None = None,
         usage: dict[str, Any] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> ChatCompletionChunk:
         body: dict[str, Any] = {
             "id": prepared.id,
@@ -332,8 +373,21 @@ class ChatService:
             "system_fingerprint": None,
             "choices": []
             if delta is None
-            else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+            else [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": finish_reason,
+                    "logprobs": _choice_logprobs(logprobs),
+                }
+            ],
         }
         if prepared.include_usage:
             body["usage"] = usage
         return ChatCompletionChunk.model_validate(body)
+
+
+def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    return {"content": [logprob_json(lp) for lp in logprobs], "refusal": None}

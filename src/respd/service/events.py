@@ -34,7 +34,9 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel
 
+from respd.engines.base import TokenLogprob
 from respd.service.ids import new_id
+from respd.service.logprobs import LogprobAligner, logprob_json
 from respd.service.tool_parsing import ArgumentsDelta, CallStarted, ParseEvent, TextDelta
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
@@ -62,6 +64,7 @@ class _OpenMessage:
     id: str
     output_index: int
     text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -104,6 +107,7 @@ class ResponseEventMachine:
     _seq: int = 0
     _message: _OpenMessage | None = None
     _call: _OpenCall | None = None
+    _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -129,7 +133,12 @@ class ResponseEventMachine:
         output = list(self.output)
         msg = self._message
         if msg is not None:
-            part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+            part = {
+                "type": "output_text",
+                "text": msg.text,
+                "annotations": [],
+                "logprobs": list(msg.logprobs),
+            }
             output[msg.output_index] = {**output[msg.output_index], "content": [part]}
         return output
 
@@ -188,7 +197,13 @@ class ResponseEventMachine:
             ),
         ]
 
-    def output_text(self, delta: str) -> list[ResponseStreamEvent]:
+    def output_text(
+        self, delta: str, logprobs: list[TokenLogprob] | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Message text; `logprobs`: those of the tokens that produced it (tokens that have
+        produced no text yet, an incomplete UTF-8 character, wait for the next delta)."""
+        if logprobs:
+            self._held_logprobs += [logprob_json(lp) for lp in logprobs]
         if not delta:
             return []
         events = self._close_open("completed") if self._call is not None else []
@@ -197,6 +212,8 @@ class ResponseEventMachine:
         msg = self._message
         assert msg is not None
         msg.text += delta
+        delta_logprobs, self._held_logprobs = self._held_logprobs, []
+        msg.logprobs += delta_logprobs
         events.append(
             self._event(
                 ResponseTextDeltaEvent,
@@ -205,7 +222,7 @@ class ResponseEventMachine:
                 output_index=msg.output_index,
                 content_index=0,
                 delta=delta,
-                logprobs=[],
+                logprobs=delta_logprobs,
             )
         )
         return events
@@ -214,7 +231,12 @@ class ResponseEventMachine:
         events = self._open_message() if self._message is None else []
         msg = self._message
         assert msg is not None
-        part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+        part = {
+            "type": "output_text",
+            "text": msg.text,
+            "annotations": [],
+            "logprobs": msg.logprobs,
+        }
         item = {
             "id": msg.id,
             "type": "message",
@@ -232,7 +254,7 @@ class ResponseEventMachine:
                 output_index=msg.output_index,
                 content_index=0,
                 text=msg.text,
-                logprobs=[],
+                logprobs=msg.logprobs,
             ),
             self._event(
                 ResponseContentPartDoneEvent,
@@ -320,12 +342,16 @@ class ResponseEventMachine:
         ]
         return events
 
-    def apply_parsed(self, parsed: list[ParseEvent]) -> list[ResponseStreamEvent]:
-        """Drive the machine from the tool-call parser's reading of the output."""
+    def apply_parsed(
+        self, parsed: list[ParseEvent], logprobs: LogprobAligner | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Drive the machine from the tool-call parser's reading of the output; `logprobs`
+        (fed the same chunks as the parser) gives message text the logprobs of its tokens."""
         events: list[ResponseStreamEvent] = []
         for p in parsed:
             if isinstance(p, TextDelta):
-                events += self.output_text(p.text)
+                lps = logprobs.take(p.start, p.start + len(p.text)) if logprobs else None
+                events += self.output_text(p.text, lps)
             elif isinstance(p, CallStarted):
                 events += self.function_call_start(p.name)
             elif isinstance(p, ArgumentsDelta):

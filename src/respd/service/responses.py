@@ -30,6 +30,7 @@ from respd.service.context import fit_to_context, message_images
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
+from respd.service.logprobs import LogprobAligner, check_top_logprobs
 from respd.service.output_plan import OutputPlan, plan_output
 from respd.service.sampling import SamplingDefaults, build_sampling
 from respd.service.structured import check_plan_grammar, responses_answer_schema
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 METADATA_MAX_PAIRS = 16
 METADATA_MAX_KEY = 64
 METADATA_MAX_VALUE = 512
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass
@@ -109,14 +111,15 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
     if req.prompt is not None:
         raise Unsupported("Stored prompt templates are not supported.", param="prompt")
     check_include(req.include or [])
-    if "message.output_text.logprobs" in (req.include or []) or (req.top_logprobs or 0) > 0:
-        raise Unsupported("Logprobs are not supported by this server yet.", param="top_logprobs")
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise InvalidRequest(
-            "Invalid 'top_logprobs': expected a value between 0 and 20.",
-            param="top_logprobs",
-            code="invalid_value",
-        )
+    check_top_logprobs(req.top_logprobs)
+
+
+def responses_logprobs(req: CreateResponseRequest) -> int | None:
+    """The engine's `logprobs` setting: on (with `top_logprobs` alternatives, default 0)
+    only when `include` asks for `message.output_text.logprobs`, as on OpenAI."""
+    if LOGPROBS_INCLUDE not in (req.include or []):
+        return None
+    return req.top_logprobs or 0
 
 
 def build_echo(
@@ -234,6 +237,7 @@ class ResponsesService:
         )
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "text.format")
         sampling.grammar = plan.grammar
+        sampling.logprobs = responses_logprobs(req)
         messages, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
@@ -341,6 +345,12 @@ class ResponsesService:
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         done: GenerationDone | None = None
         parser: ToolCallParser | None = prepared.plan.parser() if prepared.plan else None
+        # Through a parser, logprobs follow the message text they produced (see logprobs.py).
+        aligner = (
+            LogprobAligner()
+            if parser is not None and prepared.sampling.logprobs is not None
+            else None
+        )
         try:
             async with aclosing(generation):
                 for event in machine.start():
@@ -349,15 +359,17 @@ class ResponsesService:
                     if isinstance(chunk, TokenChunk):
                         machine.generated_tokens += len(chunk.token_ids)
                         if parser is None:
-                            events = machine.output_text(chunk.text)
+                            events = machine.output_text(chunk.text, chunk.logprobs)
                         else:
-                            events = machine.apply_parsed(parser.feed(chunk.text))
+                            if aligner is not None:
+                                aligner.feed(chunk.text, chunk.logprobs)
+                            events = machine.apply_parsed(parser.feed(chunk.text), aligner)
                         for event in events:
                             yield event
                     else:
                         done = chunk
             if parser is not None:
-                for event in machine.apply_parsed(parser.finish()):
+                for event in machine.apply_parsed(parser.finish(), aligner):
                     yield event
         except Exception as exc:  # the engine broke: the client gets response.failed
             log.exception("response %s: generation raised", machine.id)
