@@ -48,19 +48,20 @@ class LogprobReader:
         place; `token`: the sampled token, whose piece is `piece`; `top`: how many of the
         most likely tokens to list as alternatives (most likely first; equal logits in
         token-id order, the order llama.cpp's greedy sampler breaks ties in)."""
+        # Read in place (llama.cpp owns the row; nothing here writes to it). The float32
+        # exponentials are summed in float64: log Z is exact to ~1e-7.
         row = np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
-        x = row.astype(np.float64)  # a copy: the row belongs to llama.cpp
-        peak = float(x.max())
-        log_z = peak + math.log(float(np.exp(x - peak).sum()))
+        peak = float(row.max())
+        log_z = peak + math.log(float(np.exp(row - np.float32(peak)).sum(dtype=np.float64)))
         alternatives: list[TopLogprob] = []
         top = min(top, self._n_vocab)
         if top > 0:
-            ids = np.argpartition(x, -top)[-top:]
-            ids = ids[np.lexsort((ids, -x[ids]))]
+            ids = np.argpartition(row, -top)[-top:]
+            ids = ids[np.lexsort((ids, -row[ids]))]
             for t in ids.tolist():
                 p = piece if t == token else self._cached_piece(t)
-                alternatives.append(TopLogprob(_text(p), list(p), float(x[t]) - log_z))
-        return TokenLogprob(_text(piece), list(piece), float(x[token]) - log_z, alternatives)
+                alternatives.append(TopLogprob(_text(p), list(p), float(row[t]) - log_z))
+        return TokenLogprob(_text(piece), list(piece), float(row[token]) - log_z, alternatives)
 
 
 def _text(piece: bytes) -> str:
