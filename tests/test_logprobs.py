@@ -52,7 +52,10 @@ def check_logprobs(lps: Sequence[Any], text: str, top: int) -> None:
 
 
 def part_logprobs(resp: Any) -> list[OutputTextLogprob]:
-    msg = resp.output[0]
+    return message_logprobs(resp.output[0])
+
+
+def message_logprobs(msg: Any) -> list[OutputTextLogprob]:
     assert isinstance(msg, ResponseOutputMessage)
     assert msg.content[0].type == "output_text"
     return list(msg.content[0].logprobs or [])
@@ -352,3 +355,74 @@ def test_tokens_without_text_yet_join_the_next_delta() -> None:
     assert [lp.logprob for lp in delta.logprobs] == [-0.5, -0.25]
     lps = part_logprobs(machine.snapshot())
     assert b"".join(bytes(lp.bytes) for lp in lps).decode() == "\U0001f600"
+
+
+# -- grammar and parser paths on a real server ----------------------------------------------
+
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+def test_grammar_constrained_text_has_raw_logprobs(client: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string"}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    resp = client.responses.create(
+        model=MODEL_ID,
+        input=PROMPT + " Answer in JSON.",
+        include=INCLUDE,
+        top_logprobs=3,
+        temperature=0,
+        max_output_tokens=32,
+        text={"format": {"type": "json_schema", "name": "answer", "schema": schema}},
+    )
+    lps = part_logprobs(resp)
+    assert resp.usage is not None and len(lps) == resp.usage.output_tokens
+    joined = b"".join(bytes(lp.bytes) for lp in lps).decode("utf-8", errors="replace")
+    assert joined == resp.output_text
+    for lp in lps:  # the grammar may pick a token the raw distribution ranks lower
+        assert lp.logprob <= 0 and len(lp.top_logprobs) == 3
+        assert lp.logprob <= lp.top_logprobs[0].logprob
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_tool_paths_give_logprobs_only_to_message_text(
+    client: openai.OpenAI, tool_choice: Any
+) -> None:
+    resp = client.responses.create(
+        model=MODEL_ID,
+        input="What is the weather in Paris?",
+        tools=[WEATHER_TOOL],
+        tool_choice=tool_choice,
+        include=INCLUDE,
+        top_logprobs=2,
+        temperature=0,
+        max_output_tokens=48,
+    )
+    assert resp.usage is not None
+    total = 0
+    for item in resp.output:
+        if item.type == "message":
+            text = item.content[0].text if item.content[0].type == "output_text" else ""
+            lps = message_logprobs(item)
+            total += len(lps)
+            joined = b"".join(bytes(lp.bytes) for lp in lps).decode("utf-8", errors="replace")
+            assert joined in text  # message tokens only, in order
+        else:
+            assert item.type == "function_call"
+    if all(i.type == "message" for i in resp.output):  # no call: all text passed through
+        assert total == resp.usage.output_tokens
+    if tool_choice == "required":
+        assert [i.type for i in resp.output] == ["function_call"] and total == 0
+    assert total <= resp.usage.output_tokens
