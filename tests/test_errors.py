@@ -68,7 +68,6 @@ def test_blank_input_with_instructions_passes(http: httpx.Client) -> None:
     [
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"top_logprobs": 3}, "top_logprobs"),
     ],
 )
 def test_not_yet_implemented_fields_are_named_400s(

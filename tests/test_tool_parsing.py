@@ -48,6 +48,9 @@ def check(fmt: ToolFormat, text: str, **kw: object) -> list[ParseEvent]:
     for step in (1, 2, 3, 7):
         events = feed(fmt, text, step, **kw)
         assert merged(events) == whole, f"step {step}"
+        for e in events:  # message text is a verbatim run of the input, at its offset
+            if isinstance(e, TextDelta):
+                assert text[e.start : e.start + len(e.text)] == e.text, (step, e)
         for fin in (e for e in events if isinstance(e, CallFinished)):
             deltas = [
                 e.delta for e in events if isinstance(e, ArgumentsDelta) and e.index == fin.index

@@ -54,7 +54,10 @@ async def chat_completions(request: Request) -> Response:
                     delta = {"reasoning_content": item.text}  # the vLLM / llama-server field
                     yield sse_frame(dump(service.chunk(prepared, delta=delta)))
                 else:
-                    yield sse_frame(dump(service.chunk(prepared, delta={"content": item})))
+                    chunk = service.chunk(
+                        prepared, delta={"content": item.text}, logprobs=item.logprobs
+                    )
+                    yield sse_frame(dump(chunk))
         yield sse_frame("[DONE]")
 
     return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)

@@ -25,6 +25,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.grammar_sampler import GrammarCheckedSampler
+from respd.engines.logprobs import LogprobReader
 from respd.engines.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.slots import Slot, place
 
@@ -572,11 +574,23 @@ class LlamaCppEngine:
         job.produced += 1
         self._stats.generated_tokens += 1
         piece = self._model.detokenize([token], special=token in self._text_marker_ids)
-        job.emit(TokenChunk(job.decoder.decode(piece), [token]))
+        chunk = TokenChunk(job.decoder.decode(piece), [token])
+        if job.params.logprobs is not None:  # the raw distribution: see engines/logprobs.py
+            logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, idx)
+            chunk.logprobs.append(
+                self._logprob_reader.read(logits, token, piece, job.params.logprobs)
+            )
+        job.emit(chunk)
         if job.produced >= job.limit:
             self._finish(job, "length")
         else:
             job.next_token = token
+
+    @cached_property
+    def _logprob_reader(self) -> LogprobReader:
+        return LogprobReader(
+            self._model.n_vocab(), lambda t: self._model.detokenize([t], special=False)
+        )
 
     def _finish(
         self,

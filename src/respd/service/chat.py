@@ -19,6 +19,7 @@ from respd.engines.base import (
     Image,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
     ToolCall,
 )
 from respd.protocol.chat import ChatCompletionRequest
@@ -26,6 +27,7 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported,
 from respd.service.admission import admit
 from respd.service.context import fit_to_context, message_images
 from respd.service.ids import new_id
+from respd.service.logprobs import LogprobAligner, check_top_logprobs, logprob_json
 from respd.service.media import MediaResolver
 from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
 from respd.service.reasoning import (
@@ -91,9 +93,18 @@ class ToolCallDelta:
 
 
 @dataclass
+class ContentDelta:
+    """Message text, with the logprobs of the tokens it completes (None: not requested)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
 class ChatResult:
     text: str = ""
     reasoning: str = ""  # `reasoning_content`
+    logprobs: list[TokenLogprob] | None = None  # set when the request asked for logprobs
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str = "stop"
     prompt_tokens: int = 0
@@ -173,25 +184,35 @@ def _messages(req: ChatCompletionRequest, low: Lowering) -> list[ChatMessage]:
     return out
 
 
+def _content(
+    result: ChatResult, text: str, start: int, aligner: LogprobAligner | None
+) -> ContentDelta:
+    """`text` joins the message; `start`: its offset in the generated text."""
+    result.text += text
+    if aligner is None:
+        return ContentDelta(text)
+    logprobs = aligner.take(start, start + len(text))
+    if result.logprobs is not None:
+        result.logprobs += logprobs
+    return ContentDelta(text, logprobs)
+
+
 def _read(
     result: ChatResult,
     parser: ToolCallParser | ReasoningReader | None,
     text: str,
+    aligner: LogprobAligner | None = None,
     *,
     final: bool = False,
     tokens: int = 0,
-) -> list[str | ToolCallDelta | ReasoningDelta]:
+) -> list[ContentDelta | ToolCallDelta | ReasoningDelta]:
     """Text after stop sequences → thinking, text and tool-call deltas, recorded in
-    `result`."""
+    `result`. Stop sequences only ever cut the end, so released text is a prefix of the
+    generated text, and (without a parser) `result.text` is all of it so far."""
     if parser is None:
-        result.text += text
-        return [text] if text else []
-    out: list[str | ToolCallDelta | ReasoningDelta] = []
-    events: list[Any] = []
-    if isinstance(parser, ReasoningReader):
-        events = parser.feed(text, tokens) if text or tokens else []
-    elif text:
-        events = parser.feed(text)
+        return [_content(result, text, len(result.text), aligner)] if text else []
+    out: list[ContentDelta | ToolCallDelta | ReasoningDelta] = []
+    events: list[Any] = parser.feed(text, tokens) if text or tokens else []
     if final:
         events += parser.finish()
     for e in events:
@@ -199,8 +220,7 @@ def _read(
             result.reasoning += e.text
             out.append(e)
         elif isinstance(e, TextDelta):
-            result.text += e.text
-            out.append(e.text)
+            out.append(_content(result, e.text, e.start, aligner))
         elif isinstance(e, CallStarted):
             call = ToolCall("call_" + new_id("c")[2:26], e.name, "")
             result.tool_calls.append(call)
@@ -248,8 +268,13 @@ class ChatService:
         policy = replace(
             chat_tool_choice(req.tool_choice, tools), parallel=req.parallel_tool_calls is not False
         )
-        if req.logprobs or req.top_logprobs:
-            raise Unsupported("Logprobs are not supported by this server yet.", param="logprobs")
+        check_top_logprobs(req.top_logprobs)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise InvalidRequest(
+                "Invalid 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.",
+                param="top_logprobs",
+                code="invalid_value",
+            )
         max_tokens = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
@@ -291,6 +316,7 @@ class ChatService:
         plan = with_reasoning(plan, reasoning, req.reasoning_effort)
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "response_format")
         sampling.grammar = plan.grammar
+        sampling.logprobs = (req.top_logprobs or 0) if req.logprobs else None
         fitted, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
@@ -308,7 +334,7 @@ class ChatService:
 
     def generate(
         self, prepared: PreparedChat
-    ) -> AsyncGenerator[str | ToolCallDelta | ReasoningDelta | ChatResult, None]:
+    ) -> AsyncGenerator[ContentDelta | ToolCallDelta | ReasoningDelta | ChatResult, None]:
         """Admit the generation now (503 when the engine is full), then yield text and
         tool-call deltas and one final `ChatResult`; closing early cancels the generation."""
         req = prepared.request
@@ -323,8 +349,11 @@ class ChatService:
 
     async def _stream(
         self, prepared: PreparedChat, generation: GenerationStream
-    ) -> AsyncGenerator[str | ToolCallDelta | ReasoningDelta | ChatResult, None]:
+    ) -> AsyncGenerator[ContentDelta | ToolCallDelta | ReasoningDelta | ChatResult, None]:
         result = ChatResult(prompt_tokens=len(prepared.prompt_tokens))
+        aligner = None
+        if prepared.sampling.logprobs is not None:
+            aligner, result.logprobs = LogprobAligner(), []
         matcher = StopMatcher(prepared.stops)
         tools = prepared.plan.parser() if prepared.plan else None
         parser: ToolCallParser | ReasoningReader | None = (
@@ -336,13 +365,15 @@ class ChatService:
                 if isinstance(chunk, TokenChunk):
                     n = len(chunk.token_ids)
                     result.completion_tokens += n
-                    for item in _read(result, parser, matcher.feed(chunk.text), tokens=n):
+                    if aligner is not None:
+                        aligner.feed(chunk.text, chunk.logprobs)
+                    for item in _read(result, parser, matcher.feed(chunk.text), aligner, tokens=n):
                         yield item
                     if matcher.stopped:
                         break  # closing the stream cancels the rest of the generation
                 else:
                     done = chunk
-        for item in _read(result, parser, matcher.flush(), final=True):
+        for item in _read(result, parser, matcher.flush(), aligner, final=True):
             yield item
         if done is not None:
             if done.finish_reason == "error":
@@ -376,7 +407,7 @@ class ChatService:
                         "index": 0,
                         "message": _message(result),
                         "finish_reason": result.finish_reason,
-                        "logprobs": None,
+                        "logprobs": _choice_logprobs(result.logprobs),
                     }
                 ],
                 "usage": self.usage(result),
@@ -391,6 +422,7 @@ class ChatService:
         delta: dict[str, Any] | None = None,
         finish_reason: str | None = None,
         usage: dict[str, Any] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> ChatCompletionChunk:
         body: dict[str, Any] = {
             "id": prepared.id,
@@ -400,8 +432,21 @@ class ChatService:
             "system_fingerprint": None,
             "choices": []
             if delta is None
-            else [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
+            else [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "finish_reason": finish_reason,
+                    "logprobs": _choice_logprobs(logprobs),
+                }
+            ],
         }
         if prepared.include_usage:
             body["usage"] = usage
         return ChatCompletionChunk.model_validate(body)
+
+
+def _choice_logprobs(logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    return {"content": [logprob_json(lp) for lp in logprobs], "refusal": None}

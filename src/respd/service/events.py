@@ -38,7 +38,9 @@ from openai.types.responses import (
 )
 from pydantic import BaseModel
 
+from respd.engines.base import TokenLogprob
 from respd.service.ids import new_id
+from respd.service.logprobs import LogprobAligner, logprob_json
 from respd.service.reasoning import ReasoningDelta
 from respd.service.tool_parsing import ArgumentsDelta, CallStarted, ParseEvent, TextDelta
 
@@ -67,6 +69,7 @@ class _OpenMessage:
     id: str
     output_index: int
     text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -131,6 +134,7 @@ class ResponseEventMachine:
     _message: _OpenMessage | None = None
     _call: _OpenCall | None = None
     _reasoning: _OpenReasoning | None = None
+    _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -156,7 +160,12 @@ class ResponseEventMachine:
         output = list(self.output)
         msg = self._message
         if msg is not None:
-            part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+            part = {
+                "type": "output_text",
+                "text": msg.text,
+                "annotations": [],
+                "logprobs": list(msg.logprobs),
+            }
             output[msg.output_index] = {**output[msg.output_index], "content": [part]}
         rs = self._reasoning
         if rs is not None:  # thinking still being written
@@ -218,7 +227,13 @@ class ResponseEventMachine:
             ),
         ]
 
-    def output_text(self, delta: str) -> list[ResponseStreamEvent]:
+    def output_text(
+        self, delta: str, logprobs: list[TokenLogprob] | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Message text; `logprobs`: those of the tokens that produced it (tokens that have
+        produced no text yet, an incomplete UTF-8 character, wait for the next delta)."""
+        if logprobs:
+            self._held_logprobs += [logprob_json(lp) for lp in logprobs]
         if not delta:
             return []
         events = self._close_open("completed") if self._call is not None else []
@@ -227,6 +242,8 @@ class ResponseEventMachine:
         msg = self._message
         assert msg is not None
         msg.text += delta
+        delta_logprobs, self._held_logprobs = self._held_logprobs, []
+        msg.logprobs += delta_logprobs
         events.append(
             self._event(
                 ResponseTextDeltaEvent,
@@ -235,7 +252,7 @@ class ResponseEventMachine:
                 output_index=msg.output_index,
                 content_index=0,
                 delta=delta,
-                logprobs=[],
+                logprobs=delta_logprobs,
             )
         )
         return events
@@ -244,7 +261,12 @@ class ResponseEventMachine:
         events = self._open_message() if self._message is None else []
         msg = self._message
         assert msg is not None
-        part = {"type": "output_text", "text": msg.text, "annotations": [], "logprobs": []}
+        part = {
+            "type": "output_text",
+            "text": msg.text,
+            "annotations": [],
+            "logprobs": msg.logprobs,
+        }
         item = {
             "id": msg.id,
             "type": "message",
@@ -262,7 +284,7 @@ class ResponseEventMachine:
                 output_index=msg.output_index,
                 content_index=0,
                 text=msg.text,
-                logprobs=[],
+                logprobs=msg.logprobs,
             ),
             self._event(
                 ResponseContentPartDoneEvent,
@@ -432,10 +454,13 @@ class ResponseEventMachine:
         return events
 
     def apply_parsed(
-        self, parsed: Sequence[ParseEvent | ReasoningDelta]
+        self,
+        parsed: Sequence[ParseEvent | ReasoningDelta],
+        logprobs: LogprobAligner | None = None,
     ) -> list[ResponseStreamEvent]:
         """Drive the machine from the tool-call parser's reading of the output (thinking
-        first, when `reasoning.ReasoningReader` split it off)."""
+        first, when `reasoning.ReasoningReader` split it off); `logprobs` (fed the same
+        chunks as the reader) gives message text the logprobs of its tokens."""
         events: list[ResponseStreamEvent] = []
         for p in parsed:
             if isinstance(p, ReasoningDelta):
@@ -444,7 +469,8 @@ class ResponseEventMachine:
             if self._reasoning is not None:  # the answer begins: thinking is over
                 events += self._close_reasoning("completed")
             if isinstance(p, TextDelta):
-                events += self.output_text(p.text)
+                lps = logprobs.take(p.start, p.start + len(p.text)) if logprobs else None
+                events += self.output_text(p.text, lps)
             elif isinstance(p, CallStarted):
                 events += self.function_call_start(p.name)
             elif isinstance(p, ArgumentsDelta):

@@ -138,14 +138,22 @@ class ReasoningSplitter:
         self._opened = primed  # a thinking block was opened (vs. a plain answer)
         self._undecided_tokens = 0
         self.reasoning_tokens = 0
+        self.fed = 0  # characters fed so far
 
     @property
     def in_reasoning(self) -> bool:
         return self._state == "reasoning"
 
+    @property
+    def released(self) -> int:
+        """Characters of the fed text decided so far (thinking, answer or markers): the
+        answer is always a contiguous run of the fed text ending here."""
+        return self.fed - len(self._pending)
+
     def feed(self, text: str, tokens: int = 0) -> list[Piece]:
         entry = self._state
         out: list[Piece] = []
+        self.fed += len(text)
         self._pending += text
         self._advance(out)
         if entry == "reasoning":
@@ -290,6 +298,7 @@ class ReasoningReader:
     def __init__(self, splitter: ReasoningSplitter, parser: ToolCallParser | None) -> None:
         self.splitter = splitter
         self.parser = parser
+        self._answer_start = -1  # where the answer begins in the fed text, once it does
 
     @property
     def reasoning_tokens(self) -> int:
@@ -302,14 +311,31 @@ class ReasoningReader:
         return self._route(self.splitter.finish(), final=True)
 
     def _route(self, pieces: list[Piece], *, final: bool) -> list[ParseEvent | ReasoningDelta]:
+        """Thinking as is; answer text as `TextDelta`s whose `start` is an offset in the text
+        fed to this reader (as the tool parser's are in its own input), so logprobs can
+        follow it."""
         out: list[ParseEvent | ReasoningDelta] = []
+        answer = sum(len(p.text) for p in pieces if isinstance(p, AnswerDelta))
+        at = self.splitter.released - answer  # where this call's answer text starts
+        if answer and self._answer_start < 0:
+            self._answer_start = at
         for piece in pieces:
             if isinstance(piece, ReasoningDelta):
                 out.append(piece)
             elif self.parser is None:
-                out.append(TextDelta(piece.text))
+                out.append(TextDelta(piece.text, start=at))
+                at += len(piece.text)
             else:
-                out += self.parser.feed(piece.text)
+                out += self._shifted(self.parser.feed(piece.text))
         if final and self.parser is not None:
-            out += self.parser.finish()
+            out += self._shifted(self.parser.finish())
         return out
+
+    def _shifted(self, events: list[ParseEvent]) -> list[ParseEvent]:
+        """The parser's text offsets (in the answer) as offsets in the fed text."""
+        return [
+            TextDelta(e.text, start=e.start + self._answer_start)
+            if isinstance(e, TextDelta) and e.start >= 0
+            else e
+            for e in events
+        ]

@@ -30,6 +30,7 @@ from respd.service.context import fit_to_context, message_images
 from respd.service.events import ResponseEventMachine, Usage
 from respd.service.history import History, resolve_history
 from respd.service.items import normalize_items
+from respd.service.logprobs import LogprobAligner, check_top_logprobs
 from respd.service.media import MediaResolver, MediaSettings
 from respd.service.output_plan import OutputPlan, plan_output, with_reasoning
 from respd.service.reasoning import (
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 METADATA_MAX_PAIRS = 16
 METADATA_MAX_KEY = 64
 METADATA_MAX_VALUE = 512
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass
@@ -67,11 +69,13 @@ class PreparedResponse:
     plan: OutputPlan | None = None  # tools / structured output: grammar and parser
     reasoning: ReasoningPlan | None = None  # the template's thinking markers, if any
 
-    def reader(self) -> ReasoningReader | None:
-        """Thinking split off the output ahead of the tool parser (reasoning templates)."""
+    def reader(self) -> ReasoningReader | ToolCallParser | None:
+        """How the output is read: thinking split off ahead of the tool parser (reasoning
+        templates), the tool parser alone, or None (plain text)."""
+        parser = self.plan.parser() if self.plan else None
         if self.reasoning is None:
-            return None
-        return self.reasoning.reader(self.plan.parser() if self.plan else None)
+            return parser
+        return self.reasoning.reader(parser)
 
     @property
     def images(self) -> list[Image]:
@@ -123,14 +127,15 @@ def _reject_unimplemented(req: CreateResponseRequest) -> None:
     if req.prompt is not None:
         raise Unsupported("Stored prompt templates are not supported.", param="prompt")
     check_include(req.include or [])
-    if "message.output_text.logprobs" in (req.include or []) or (req.top_logprobs or 0) > 0:
-        raise Unsupported("Logprobs are not supported by this server yet.", param="top_logprobs")
-    if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-        raise InvalidRequest(
-            "Invalid 'top_logprobs': expected a value between 0 and 20.",
-            param="top_logprobs",
-            code="invalid_value",
-        )
+    check_top_logprobs(req.top_logprobs)
+
+
+def responses_logprobs(req: CreateResponseRequest) -> int | None:
+    """The engine's `logprobs` setting: on (with `top_logprobs` alternatives, default 0)
+    only when `include` asks for `message.output_text.logprobs`, as on OpenAI."""
+    if LOGPROBS_INCLUDE not in (req.include or []):
+        return None
+    return req.top_logprobs or 0
 
 
 def build_echo(
@@ -272,6 +277,7 @@ class ResponsesService:
         plan = with_reasoning(plan, reasoning, effort)
         await asyncio.to_thread(check_plan_grammar, self.engine, plan, "text.format")
         sampling.grammar = plan.grammar
+        sampling.logprobs = responses_logprobs(req)
         messages, tokens = await asyncio.to_thread(
             fit_to_context,
             self.engine,
@@ -380,8 +386,14 @@ class ResponsesService:
         generation: GenerationStream,
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         done: GenerationDone | None = None
-        parser: ToolCallParser | None = prepared.plan.parser() if prepared.plan else None
-        reader = prepared.reader()  # thinking first, then `parser`'s reading of the answer
+        # Thinking split off first (reasoning templates), then the tool parser's reading.
+        reader = prepared.reader()
+        # Through a reader, logprobs follow the message text they produced (logprobs.py).
+        aligner = (
+            LogprobAligner()
+            if reader is not None and prepared.sampling.logprobs is not None
+            else None
+        )
         try:
             async with aclosing(generation):
                 for event in machine.start():
@@ -389,20 +401,19 @@ class ResponsesService:
                 async for chunk in generation:
                     if isinstance(chunk, TokenChunk):
                         machine.generated_tokens += len(chunk.token_ids)
-                        if reader is not None:
-                            n = len(chunk.token_ids)
-                            events = machine.apply_parsed(reader.feed(chunk.text, n))
-                        elif parser is None:
-                            events = machine.output_text(chunk.text)
+                        if reader is None:
+                            events = machine.output_text(chunk.text, chunk.logprobs)
                         else:
-                            events = machine.apply_parsed(parser.feed(chunk.text))
+                            if aligner is not None:
+                                aligner.feed(chunk.text, chunk.logprobs)
+                            parsed = reader.feed(chunk.text, len(chunk.token_ids))
+                            events = machine.apply_parsed(parsed, aligner)
                         for event in events:
                             yield event
                     else:
                         done = chunk
-            finisher = reader if reader is not None else parser
-            if finisher is not None:
-                for event in machine.apply_parsed(finisher.finish()):
+            if reader is not None:
+                for event in machine.apply_parsed(reader.finish(), aligner):
                     yield event
         except Exception as exc:  # the engine broke: the client gets response.failed
             log.exception("response %s: generation raised", machine.id)
@@ -413,7 +424,7 @@ class ResponsesService:
             input_tokens=done.prompt_tokens,
             output_tokens=done.completion_tokens,
             cached_tokens=done.cached_tokens,
-            reasoning_tokens=reader.reasoning_tokens if reader is not None else 0,
+            reasoning_tokens=reader.reasoning_tokens if isinstance(reader, ReasoningReader) else 0,
         )
         if done.finish_reason == "error":
             log.error("response %s failed: %s", machine.id, done.error)

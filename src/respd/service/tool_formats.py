@@ -129,9 +129,7 @@ def generic_messages(
             out.append(ChatMessage(m.role, text, images=list(m.images), reasoning=m.reasoning))
         else:
             # Images (and their markers in the text) travel with their turn.
-            out.append(
-                ChatMessage(m.role, m.content, images=list(m.images), reasoning=m.reasoning)
-            )
+            out.append(ChatMessage(m.role, m.content, images=list(m.images), reasoning=m.reasoning))
     if tools:
         prompt = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
         if out and out[0].role == "system":

@@ -14,7 +14,7 @@ was not offered, or an object with no name, is given back as plain text.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from respd.service.tool_formats import ToolFormat
 
@@ -24,6 +24,9 @@ ARGS_KEYS = ("arguments", "parameters")
 @dataclass
 class TextDelta:
     text: str
+    # Where `text` starts in all the text fed to the parser (message text is always a
+    # verbatim run of it), so token logprobs can follow their text; -1: unknown.
+    start: int = field(default=-1, compare=False)
 
 
 @dataclass
@@ -177,16 +180,24 @@ class ToolCallParser:
         self._started = False
         self._discard = False
         self._emitted = 0  # end of the argument text already sent
+        self._fed = 0  # characters fed so far
 
     @property
     def saw_call(self) -> bool:
         return self.calls > 0
 
-    def feed(self, text: str) -> list[ParseEvent]:
+    def feed(self, text: str, tokens: int = 0) -> list[ParseEvent]:
+        """`tokens`: how many tokens produced `text` (the reasoning reader's interface; the
+        tool parser does not need it)."""
         out: list[ParseEvent] = []
         self._pending += text
+        self._fed += len(text)
         self._advance(out)
         return out
+
+    def _at(self) -> int:
+        """Offset of `_pending`'s first character in everything fed (it is always a suffix)."""
+        return self._fed - len(self._pending)
 
     def finish(self) -> list[ParseEvent]:
         out: list[ParseEvent] = []
@@ -197,9 +208,9 @@ class ToolCallParser:
         elif self._state == "between":
             rest = self._pending.strip()
             if rest and not self._only_fillers(rest):
-                out.append(TextDelta(self._pending))
+                out.append(TextDelta(self._pending, self._at()))
         elif self._pending:
-            out.append(TextDelta(self._pending))
+            out.append(TextDelta(self._pending, self._at()))
         self._pending = ""
         return _merge_text(out)
 
@@ -209,7 +220,7 @@ class ToolCallParser:
         while self._pending:
             before = (self._state, len(self._pending))
             if self._state == "plain":
-                out.append(TextDelta(self._pending))
+                out.append(TextDelta(self._pending, self._at()))
                 self._pending = ""
             elif self._state == "start":
                 stripped = self._pending.lstrip()
@@ -249,8 +260,8 @@ class ToolCallParser:
         self._pending = buf[len(body) - ws :]
 
     def _emit_text(self, out: list[ParseEvent], text: str) -> None:
-        if text.strip():
-            out.append(TextDelta(text))
+        if text.strip():  # `text` always begins `_pending`
+            out.append(TextDelta(text, self._at()))
 
     def _between(self, out: list[ParseEvent]) -> None:
         buf = self._pending
@@ -326,7 +337,8 @@ class ToolCallParser:
         """Not a call after all: everything read since the last text is text."""
         sc = self._scanner
         raw = sc.raw if sc is not None else ""
-        out.append(TextDelta(self._prefix + raw))
+        text = self._prefix + raw  # everything read since the last text, up to `_pending`
+        out.append(TextDelta(text, self._at() - len(text)))
         self._prefix = ""
         self._scanner = None
         self._state = "plain"
