@@ -317,3 +317,28 @@ def test_conversation_items_replay_reasoning(tclient: openai.OpenAI) -> None:
     replayed = _tokens(tclient, conversation=conv.id, input=[follow])
     assert replayed == _tokens(tclient, input=[user, reasoning, assistant, follow])
     assert replayed > _tokens(tclient, input=[user, assistant, follow])
+
+
+def test_logprobs_follow_the_answer_behind_the_thinking(tclient: openai.OpenAI) -> None:
+    """Logprobs go with message text only: the thinking's tokens have none, and the answer's
+    tokens (all but possibly one that straddles `</think>`) spell the answer's end."""
+    streamed: list[Any] = []
+    with tclient.responses.stream(
+        **CONSTRAINED, include=["message.output_text.logprobs"], top_logprobs=2
+    ) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                streamed += event.logprobs or []
+        final = stream.get_final_response()
+    message = final.output[-1]
+    assert message.type == "message" and message.content[0].type == "output_text"
+    logprobs = message.content[0].logprobs or []
+    assert logprobs and [lp.token for lp in logprobs] == [lp.token for lp in streamed]
+    assert all(lp.logprob <= 0 and len(lp.top_logprobs) == 2 for lp in logprobs)
+    joined = b"".join(bytes(lp.bytes or []) for lp in logprobs)
+    text = final.output_text.encode()
+    assert text.endswith(joined) and len(text) - len(joined) <= 8, (text, joined)
+    assert final.usage is not None
+    # No entry for any thinking token.
+    reasoning = final.usage.output_tokens_details.reasoning_tokens
+    assert reasoning > 0 and len(logprobs) <= final.usage.output_tokens - reasoning

@@ -360,3 +360,32 @@ def test_grammar_on_a_primed_block_admits_bounded_thinking_first() -> None:
     assert sum(line.startswith("root ::=") for line in lines) == 1
     magistral = reasoning_first_grammar(answer, "[/THINK]", 4).splitlines()[1]
     assert magistral == "respd-think ::= [^\\[ \\t\\n\\r] [^\\[]{0,3}"
+
+
+@pytest.mark.parametrize("primed", [False, True])
+@pytest.mark.parametrize("with_parser", [False, True], ids=["plain", "tool-parser"])
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 64])
+def test_reader_text_offsets_index_the_fed_text(primed: bool, with_parser: bool, step: int) -> None:
+    """Every answer `TextDelta` says where its text lies in what the reader was fed (the
+    logprob aligner relies on it), through the tool parser too, at any chunking."""
+    answer = 'Sure. <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> Done: <tool'
+    fed = ("" if primed else "<think>") + "  a <b> c\n</think>\n\n" + answer
+    parser = ToolCallParser(HERMES, {"f"}, None) if with_parser else None
+    reader = ReasoningPlan(THINK, primed).reader(parser)
+    events = []
+    for i in range(0, len(fed), step):
+        events += reader.feed(fed[i : i + step], 1)
+    events += reader.finish()
+    texts = [e for e in events if isinstance(e, TextDelta)]
+    assert texts
+    for e in texts:
+        assert e.start >= 0 and fed[e.start : e.start + len(e.text)] == e.text, (e, fed)
+    assert "".join(e.text for e in events if isinstance(e, ReasoningDelta)) == "a <b> c"
+    if with_parser:
+        assert [e.name for e in events if isinstance(e, CallStarted)] == ["f"]
+        alone = ToolCallParser(HERMES, {"f"}, None)
+        bare = alone.feed(answer) + alone.finish()
+        expected = "".join(e.text for e in bare if isinstance(e, TextDelta))
+        assert "".join(t.text for t in texts) == expected
+    else:
+        assert "".join(t.text for t in texts) == answer
