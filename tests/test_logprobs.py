@@ -27,7 +27,7 @@ from respd.service.logprobs import LogprobAligner
 from respd.service.responses import build_echo
 from respd.service.tool_formats import HERMES
 from respd.service.tool_parsing import ToolCallParser
-from tests.conftest import MODEL_ID
+from tests.conftest import MODEL_ID, RespdServer, start_server
 
 PROMPT = "What is the capital of France?"
 INCLUDE: list[Any] = ["message.output_text.logprobs"]
@@ -190,10 +190,22 @@ def reference_logprobs(tokens: list[int]) -> tuple[np.ndarray, list[bytes]]:
     return logp, pieces
 
 
+@pytest.fixture(scope="module")
+def solo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    """A server of its own, one slot, that has served nothing: its prompt is decoded as a
+    single sequence from an empty cache, exactly as the reference is. (A slot whose cached
+    prefix was computed inside mixed batches gives logits that differ by up to ~0.2 nats:
+    batch shape changes the floating-point path; see the README's batching notes.)"""
+    srv = start_server(tmp_path_factory.mktemp("respd-solo"), "--parallel", "1", "--threads", "2")
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
 def test_first_token_logprob_matches_the_engine(
-    client: openai.OpenAI, prompt_tokens: list[int]
+    solo_server: RespdServer, prompt_tokens: list[int]
 ) -> None:
-    resp = client.responses.create(
+    resp = solo_server.client().responses.create(
         model=MODEL_ID,
         input=PROMPT,
         include=INCLUDE,
