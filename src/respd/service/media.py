@@ -519,6 +519,10 @@ async def fetch_remote(
 # -- the resolver -------------------------------------------------------------------------
 
 
+def _is_http(url: str) -> bool:
+    return url[:7].lower() == "http://" or url[:8].lower() == "https://"
+
+
 def _name_from_url(url: str) -> str:
     return posixpath.basename(urllib.parse.urlsplit(url).path) or "file"
 
@@ -600,15 +604,8 @@ class MediaResolver:
         limit = self.settings.max_image_bytes
         if url[:5].lower() == "data:":
             declared, data = parse_data_url(url, param, limit=limit, what="image")
-        elif url[:7].lower() == "http://" or url[:8].lower() == "https://":
-            self._check_remote_allowed(param, "image")
-            data, declared, _ = await fetch_remote(
-                url,
-                param,
-                limit=limit,
-                timeout=self.settings.remote_media_timeout_secs,
-                what="image",
-            )
+        elif _is_http(url):
+            data, declared, _ = await self._fetch(url, param, limit=limit, what="image")
         else:
             raise _bad(
                 f"Invalid '{param}': expected a data URL (data:image/png;base64,...) or an "
@@ -618,7 +615,10 @@ class MediaResolver:
             )
         return await asyncio.to_thread(check_image, data, declared, param, self.settings)
 
-    def _check_remote_allowed(self, param: str, what: str) -> None:
+    async def _fetch(
+        self, url: str, param: str, *, limit: int, what: str
+    ) -> tuple[bytes, str, str]:
+        """A remote image or file, when `--allow-remote-media` allows fetching at all."""
         if not self.settings.allow_remote_media:
             raise _bad(
                 f"Invalid '{param}': this server does not fetch remote {what} URLs (it was "
@@ -627,6 +627,9 @@ class MediaResolver:
                 param,
                 "remote_media_disabled",
             )
+        return await fetch_remote(
+            url, param, limit=limit, timeout=self.settings.remote_media_timeout_secs, what=what
+        )
 
     # Documents.
 
@@ -667,18 +670,11 @@ class MediaResolver:
                     "data:;base64," + value, param, limit=limit, what="file"
                 )
         else:
-            if not (value[:7].lower() == "http://" or value[:8].lower() == "https://"):
+            if not _is_http(value):
                 raise _bad(
                     f"Invalid '{param}': expected an http(s) URL.", param, "invalid_file_url"
                 )
-            self._check_remote_allowed(param, "file")
-            data, mime, final = await fetch_remote(
-                value,
-                param,
-                limit=limit,
-                timeout=self.settings.remote_media_timeout_secs,
-                what="file",
-            )
+            data, mime, final = await self._fetch(value, param, limit=limit, what="file")
             name = name or _name_from_url(final)
         return await asyncio.to_thread(document_text, data, mime, name or "file", param)
 

@@ -33,13 +33,12 @@ when that is the variable the template reads).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from respd.engines.base import ChatMessage, Engine
 from respd.engines.chat_template import ChatTemplateError
-from respd.service.tool_parsing import ParseEvent, TextDelta, ToolCallParser
+from respd.service.tool_parsing import ParseEvent, TextDelta, ToolCallParser, partial_suffix
 
 
 @dataclass(frozen=True)
@@ -109,17 +108,6 @@ class AnswerDelta:
 
 
 Piece = ReasoningDelta | AnswerDelta
-
-
-def _partial(buf: str, markers: Sequence[str]) -> int:
-    """Length of the longest end of `buf` that could begin one of `markers`."""
-    keep = 0
-    for m in markers:
-        for n in range(min(len(m) - 1, len(buf)), 0, -1):
-            if buf.endswith(m[:n]):
-                keep = max(keep, n)
-                break
-    return keep
 
 
 class ReasoningSplitter:
@@ -223,7 +211,7 @@ class ReasoningSplitter:
             self._pending = buf[at + len(close) :]
             self._state = "header"
             return
-        keep = _partial(buf, (close,))
+        keep = partial_suffix(buf, (close,))
         body = buf[: len(buf) - keep]
         ws = len(body) - len(body.rstrip())  # may be the whitespace before the close
         self._think(out, body[: len(body) - ws])

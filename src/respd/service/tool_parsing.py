@@ -14,6 +14,7 @@ was not offered, or an object with no name, is given back as plain text.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from respd.service.tool_formats import ToolFormat
@@ -252,7 +253,7 @@ class ToolCallParser:
             self._pending = buf[at + len(trigger) :]
             self._state = "between"
             return
-        keep = _partial_suffix(buf, self.fmt.triggers)
+        keep = partial_suffix(buf, self.fmt.triggers)
         body = buf[: len(buf) - keep]
         # Trailing whitespace is held too: if a call follows, it must not make a message.
         ws = len(body) - len(body.rstrip())
@@ -353,7 +354,7 @@ class ToolCallParser:
         return True
 
 
-def _partial_suffix(buf: str, markers: tuple[str, ...]) -> int:
+def partial_suffix(buf: str, markers: Sequence[str]) -> int:
     """Length of the longest end of `buf` that could begin one of `markers`."""
     keep = 0
     for m in markers:
