@@ -64,33 +64,65 @@ class Usage:
         }
 
 
-@dataclass
-class _OpenMessage:
-    id: str
-    output_index: int
-    text: str = ""
-    logprobs: list[dict[str, Any]] = field(default_factory=list)
+TextKind = Literal["message", "reasoning"]
 
 
 @dataclass
-class _OpenReasoning:
+class _OpenText:
+    """A message or reasoning item being written: one content part that grows by deltas."""
+
+    kind: TextKind
     id: str
     output_index: int
     text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # message text only
 
-    def item(self, status: str, *, partial: bool = False) -> dict[str, Any]:
-        content = [] if partial and not self.text else [_reasoning_part(self.text)]
+    def part(self) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return {"type": "reasoning_text", "text": self.text}
+        return {
+            "type": "output_text",
+            "text": self.text,
+            "annotations": [],
+            "logprobs": list(self.logprobs),
+        }
+
+    def item(self, status: str, *, empty: bool = False) -> dict[str, Any]:
+        """The item; `empty`: as `output_item.added` announces it, before any part."""
+        content = [] if empty else [self.part()]
+        if self.kind == "reasoning":
+            return {
+                "id": self.id,
+                "type": "reasoning",
+                "summary": [],
+                "content": content,
+                "status": status,
+            }
         return {
             "id": self.id,
-            "type": "reasoning",
-            "summary": [],
-            "content": content,
+            "type": "message",
             "status": status,
+            "role": "assistant",
+            "content": content,
         }
 
 
-def _reasoning_part(text: str) -> dict[str, Any]:
-    return {"type": "reasoning_text", "text": text}
+# Per kind: the event type prefix, the delta and done event classes, the finished item's class.
+_TEXT_EVENTS: dict[TextKind, tuple[str, type[BaseModel], type[BaseModel], type[BaseModel]]] = {
+    "message": (
+        "response.output_text",
+        ResponseTextDeltaEvent,
+        ResponseTextDoneEvent,
+        ResponseOutputMessage,
+    ),
+    "reasoning": (
+        "response.reasoning_text",
+        ResponseReasoningTextDeltaEvent,
+        ResponseReasoningTextDoneEvent,
+        ResponseReasoningItem,
+    ),
+}
+_ID_PREFIX: dict[TextKind, str] = {"message": "msg", "reasoning": "rs"}
 
 
 @dataclass
@@ -131,9 +163,8 @@ class ResponseEventMachine:
     completed_at: int | None = None
     generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
     _seq: int = 0
-    _message: _OpenMessage | None = None
+    _text: _OpenText | None = None  # the message or reasoning item being written
     _call: _OpenCall | None = None
-    _reasoning: _OpenReasoning | None = None
     _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
 
     # -- snapshots ------------------------------------------------------------------------
@@ -156,20 +187,11 @@ class ResponseEventMachine:
         return Response.model_validate(body)
 
     def _output_so_far(self) -> list[dict[str, Any]]:
-        """Output items, with the text of a message still being written (a live poll)."""
+        """Output items, with the text of a message or reasoning item still being written
+        (a live poll)."""
         output = list(self.output)
-        msg = self._message
-        if msg is not None:
-            part = {
-                "type": "output_text",
-                "text": msg.text,
-                "annotations": [],
-                "logprobs": list(msg.logprobs),
-            }
-            output[msg.output_index] = {**output[msg.output_index], "content": [part]}
-        rs = self._reasoning
-        if rs is not None:  # thinking still being written
-            output[rs.output_index] = rs.item("in_progress")
+        if self._text is not None:
+            output[self._text.output_index] = self._text.item("in_progress")
         return output
 
     def _event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
@@ -198,32 +220,85 @@ class ResponseEventMachine:
         )
         return events
 
-    def _open_message(self) -> list[ResponseStreamEvent]:
-        msg = _OpenMessage(new_id("msg"), len(self.output))
-        self._message = msg
-        item = {
-            "id": msg.id,
-            "type": "message",
-            "status": "in_progress",
-            "role": "assistant",
-            "content": [],
-        }
+    def _open_text(self, kind: TextKind) -> list[ResponseStreamEvent]:
+        """Close whatever is open, then announce a new item of `kind` and its part."""
+        events = self._close_open("completed")
+        t = _OpenText(kind, new_id(_ID_PREFIX[kind]), len(self.output))
+        self._text = t
+        item = t.item("in_progress", empty=True)
         self.output.append(item)
-        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [
+        events += [
             self._event(
                 ResponseOutputItemAddedEvent,
                 type="response.output_item.added",
-                output_index=msg.output_index,
+                output_index=t.output_index,
                 item=item,
             ),
             self._event(
                 ResponseContentPartAddedEvent,
                 type="response.content_part.added",
-                item_id=msg.id,
-                output_index=msg.output_index,
+                item_id=t.id,
+                output_index=t.output_index,
                 content_index=0,
-                part=part,
+                part=t.part(),
+            ),
+        ]
+        return events
+
+    def _text_delta(
+        self, kind: TextKind, delta: str, logprobs: list[dict[str, Any]]
+    ) -> list[ResponseStreamEvent]:
+        events = [] if self._text is not None and self._text.kind == kind else self._open_text(kind)
+        t = self._text
+        assert t is not None
+        t.text += delta
+        prefix, delta_cls, _, _ = _TEXT_EVENTS[kind]
+        extra: dict[str, Any] = {"logprobs": logprobs} if kind == "message" else {}
+        t.logprobs += logprobs
+        events.append(
+            self._event(
+                delta_cls,
+                type=f"{prefix}.delta",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                delta=delta,
+                **extra,
+            )
+        )
+        return events
+
+    def _close_text(self, item_status: str) -> list[ResponseStreamEvent]:
+        t = self._text
+        assert t is not None
+        self._text = None
+        item = t.item(item_status)
+        self.output[t.output_index] = item
+        prefix, _, done_cls, item_cls = _TEXT_EVENTS[t.kind]
+        extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}
+        return [
+            self._event(
+                done_cls,
+                type=f"{prefix}.done",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                text=t.text,
+                **extra,
+            ),
+            self._event(
+                ResponseContentPartDoneEvent,
+                type="response.content_part.done",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                part=t.part(),
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=t.output_index,
+                item=item_cls.model_validate(item),
             ),
         ]
 
@@ -236,160 +311,20 @@ class ResponseEventMachine:
             self._held_logprobs += [logprob_json(lp) for lp in logprobs]
         if not delta:
             return []
-        events = self._close_open("completed") if self._call is not None else []
-        if self._message is None:
-            events += self._open_message()
-        msg = self._message
-        assert msg is not None
-        msg.text += delta
-        delta_logprobs, self._held_logprobs = self._held_logprobs, []
-        msg.logprobs += delta_logprobs
-        events.append(
-            self._event(
-                ResponseTextDeltaEvent,
-                type="response.output_text.delta",
-                item_id=msg.id,
-                output_index=msg.output_index,
-                content_index=0,
-                delta=delta,
-                logprobs=delta_logprobs,
-            )
-        )
-        return events
-
-    def _close_message(self, item_status: str) -> list[ResponseStreamEvent]:
-        events = self._open_message() if self._message is None else []
-        msg = self._message
-        assert msg is not None
-        part = {
-            "type": "output_text",
-            "text": msg.text,
-            "annotations": [],
-            "logprobs": msg.logprobs,
-        }
-        item = {
-            "id": msg.id,
-            "type": "message",
-            "status": item_status,
-            "role": "assistant",
-            "content": [part],
-        }
-        self.output[msg.output_index] = item
-        self._message = None
-        events += [
-            self._event(
-                ResponseTextDoneEvent,
-                type="response.output_text.done",
-                item_id=msg.id,
-                output_index=msg.output_index,
-                content_index=0,
-                text=msg.text,
-                logprobs=msg.logprobs,
-            ),
-            self._event(
-                ResponseContentPartDoneEvent,
-                type="response.content_part.done",
-                item_id=msg.id,
-                output_index=msg.output_index,
-                content_index=0,
-                part=part,
-            ),
-            self._event(
-                ResponseOutputItemDoneEvent,
-                type="response.output_item.done",
-                output_index=msg.output_index,
-                item=ResponseOutputMessage.model_validate(item),
-            ),
-        ]
-        return events
-
-    def _close_open(self, status: str) -> list[ResponseStreamEvent]:
-        if self._reasoning is not None:
-            return self._close_reasoning(status)
-        if self._message is not None:
-            return self._close_message(status)
-        if self._call is not None:
-            return self.function_call_done(self._call.arguments, complete=status == "completed")
-        return []
-
-    # -- reasoning ------------------------------------------------------------------------
+        held, self._held_logprobs = self._held_logprobs, []
+        return self._text_delta("message", delta, held)
 
     def reasoning_text(self, delta: str) -> list[ResponseStreamEvent]:
         """Thinking text: a `reasoning` item ahead of the answer, streamed as
         `response.reasoning_text.delta` (never `output_text`)."""
-        if not delta:
-            return []
-        events: list[ResponseStreamEvent] = []
-        if self._reasoning is None:
-            events += self._close_open("completed")
-            events += self._open_reasoning()
-        rs = self._reasoning
-        assert rs is not None
-        rs.text += delta
-        events.append(
-            self._event(
-                ResponseReasoningTextDeltaEvent,
-                type="response.reasoning_text.delta",
-                item_id=rs.id,
-                output_index=rs.output_index,
-                content_index=0,
-                delta=delta,
-            )
-        )
-        return events
+        return self._text_delta("reasoning", delta, []) if delta else []
 
-    def _open_reasoning(self) -> list[ResponseStreamEvent]:
-        rs = _OpenReasoning(new_id("rs"), len(self.output))
-        self._reasoning = rs
-        item = rs.item("in_progress", partial=True)
-        self.output.append(item)
-        return [
-            self._event(
-                ResponseOutputItemAddedEvent,
-                type="response.output_item.added",
-                output_index=rs.output_index,
-                item=item,
-            ),
-            self._event(
-                ResponseContentPartAddedEvent,
-                type="response.content_part.added",
-                item_id=rs.id,
-                output_index=rs.output_index,
-                content_index=0,
-                part=_reasoning_part(""),
-            ),
-        ]
-
-    def _close_reasoning(self, item_status: str) -> list[ResponseStreamEvent]:
-        rs = self._reasoning
-        assert rs is not None
-        self._reasoning = None
-        item = rs.item(item_status)
-        self.output[rs.output_index] = item
-        return [
-            self._event(
-                ResponseReasoningTextDoneEvent,
-                type="response.reasoning_text.done",
-                item_id=rs.id,
-                output_index=rs.output_index,
-                content_index=0,
-                text=rs.text,
-            ),
-            self._event(
-                ResponseContentPartDoneEvent,
-                type="response.content_part.done",
-                item_id=rs.id,
-                output_index=rs.output_index,
-                content_index=0,
-                part=_reasoning_part(rs.text),
-            ),
-            self._event(
-                ResponseOutputItemDoneEvent,
-                type="response.output_item.done",
-                output_index=rs.output_index,
-                item=ResponseReasoningItem.model_validate(item),
-            ),
-        ]
+    def _close_open(self, status: str) -> list[ResponseStreamEvent]:
+        if self._text is not None:
+            return self._close_text(status)
+        if self._call is not None:
+            return self.function_call_done(self._call.arguments, complete=status == "completed")
+        return []
 
     # -- function calls -------------------------------------------------------------------
 
@@ -466,8 +401,8 @@ class ResponseEventMachine:
             if isinstance(p, ReasoningDelta):
                 events += self.reasoning_text(p.text)
                 continue
-            if self._reasoning is not None:  # the answer begins: thinking is over
-                events += self._close_reasoning("completed")
+            if self._text is not None and self._text.kind == "reasoning":
+                events += self._close_text("completed")  # the answer begins: thinking is over
             if isinstance(p, TextDelta):
                 lps = logprobs.take(p.start, p.start + len(p.text)) if logprobs else None
                 events += self.output_text(p.text, lps)
@@ -490,7 +425,7 @@ class ResponseEventMachine:
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
         if not self.output or not (answered or incomplete_reason):
-            events += self._close_message(item_status)
+            events += self._open_text("message") + self._close_text(item_status)
         if incomplete_reason:
             self.status = "incomplete"
             self.incomplete_reason = incomplete_reason
