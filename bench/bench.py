@@ -228,6 +228,7 @@ class LevelResult:
     per_stream_tps: float
     aggregate_tps: float
     errors: int = 0
+    first_error: str = ""  # what the first failed request said, for the table's note
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -243,16 +244,18 @@ async def run_level(
     sem = asyncio.Semaphore(concurrency)
     results: list[RequestResult] = []
     errors = 0
+    first_error = ""
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
         async def one(i: int) -> None:
-            nonlocal errors
+            nonlocal errors, first_error
             async with sem:
                 try:
                     results.append(await fn(client, server, PROMPTS[i % len(PROMPTS)], max_tokens))
-                except httpx.HTTPError:
+                except httpx.HTTPError as exc:
                     errors += 1
+                    first_error = first_error or f"{type(exc).__name__}: {exc}"
 
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(requests)))
@@ -273,6 +276,7 @@ async def run_level(
         per_stream_tps=statistics.mean(per_stream) if per_stream else 0.0,
         aggregate_tps=sum(r.tokens for r in results) / wall,
         errors=errors,
+        first_error=first_error,
     )
 
 
@@ -456,7 +460,8 @@ def main() -> None:
             print(
                 f"{level:>4} {name + '/' + api:<19} {r.ttft_p50 * 1000:8.0f}ms "
                 f"{r.ttft_p95 * 1000:8.0f}ms {r.per_stream_tps:12.1f} {r.aggregate_tps:10.1f} "
-                f"{ratio:15.2f}x" + (f"  ({r.errors} errors)" if r.errors else "")
+                f"{ratio:15.2f}x"
+                + (f"  ({r.errors} errors; first: {r.first_error})" if r.errors else "")
             )
     single = find("respd", "chat", 1).per_stream_tps
     print()
