@@ -21,8 +21,11 @@ _ID_PREFIX = {
     "function_call_output": "fc",
     "reasoning": "rs",
 }
-_TEXT_PARTS = ("input_text", "output_text", "text")
-_IMAGE_PARTS = ("input_image", "image_url")
+# Content part types, both APIs' spellings: the one vocabulary storage, media resolution
+# and translation read parts by.
+TEXT_PARTS = ("input_text", "output_text", "text")
+IMAGE_PARTS = ("input_image", "image_url")
+FILE_PARTS = ("input_file", "file")
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
 
@@ -53,9 +56,9 @@ def _parts(role: str, content: Any) -> list[JSON]:
         return [_text_part(role, content)]
     parts: list[JSON] = []
     for part in content:
-        if isinstance(part, dict) and part.get("type") in _TEXT_PARTS:
+        if isinstance(part, dict) and part.get("type") in TEXT_PARTS:
             parts.append(_text_part(role, str(part.get("text", ""))))
-        elif isinstance(part, dict) and part.get("type") in _IMAGE_PARTS:
+        elif isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
             parts.append(_image_part(part))
         else:
             parts.append(dict(part))

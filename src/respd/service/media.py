@@ -32,6 +32,7 @@ import httpx
 from respd.engines.base import Image
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 from respd.service.files import read_file
+from respd.service.items import FILE_PARTS, IMAGE_PARTS
 from respd.store.base import JSON, FileRecord, Store
 
 MIB = 2**20
@@ -50,8 +51,6 @@ _MIME_ALIASES = {
 }
 # Declared types that say nothing: the bytes decide.
 _GENERIC_TYPES = ("", "application/octet-stream", "binary/octet-stream", "image/*")
-IMAGE_PARTS = ("input_image", "image_url")
-FILE_PARTS = ("input_file", "file")
 MAX_REDIRECTS = 5
 
 # Documents read as text: text/* plus these types and extensions.

@@ -17,12 +17,10 @@ from typing import Any
 
 from respd.engines.base import ChatMessage, Image, ToolCall
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
-from respd.service.media import FILE_PARTS, IMAGE_PARTS, FileText, Media
+from respd.service.items import FILE_PARTS, IMAGE_PARTS, TEXT_PARTS
+from respd.service.media import FileText, Media
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
-_TEXT_PARTS = ("input_text", "output_text", "text")
-_IMAGE_PARTS = IMAGE_PARTS
-_FILE_PARTS = FILE_PARTS
 _NO_INPUT_PARTS = ("input_audio", "video_url")
 IMAGE_DETAILS = ("low", "high", "auto", "original")
 # What a tool turn whose images moved to the next turn ends with.
@@ -115,16 +113,16 @@ def _parts(
                 f"Invalid type for '{p}': expected an object.", param=p, code="invalid_type"
             )
         kind = part.get("type")
-        if kind in _TEXT_PARTS:
+        if kind in TEXT_PARTS:
             text = part.get("text")
             if not isinstance(text, str):
                 raise MissingParameter(f"{p}.text")
             pieces.append(text)
         elif kind == "refusal" and not keep_unknown:
             pieces.append(str(part.get("refusal", "")))
-        elif kind in _IMAGE_PARTS:
+        elif kind in IMAGE_PARTS:
             pieces.append(low.image(part, p))
-        elif kind in _FILE_PARTS:
+        elif kind in FILE_PARTS:
             pieces.append(low.file_text(p))
         elif kind in _NO_INPUT_PARTS:
             what = "audio" if kind == "input_audio" else "video"
