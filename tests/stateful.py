@@ -8,7 +8,7 @@ import httpx
 from openai.types.responses import Response
 
 from tests import sdk_types
-from tests.conftest import MODEL_ID
+from tests.servers import MODEL_ID
 
 LONG_PROMPT = "Count from 1 to 1000, separated by commas."
 

@@ -102,11 +102,38 @@ class Settings(BaseSettings):
     chat_template: Path | None = Field(
         None, description="Jinja chat template file overriding the one in the GGUF."
     )
-    temperature: float = Field(
-        1.0, ge=0.0, le=2.0, description="Sampling temperature when a request sets none."
+    temperature: float | None = Field(
+        None,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature when a request sets none. Default: what the model's "
+        "GGUF metadata recommends (general.sampling.temp), else 0.8.",
     )
-    top_p: float = Field(
-        1.0, ge=0.0, le=1.0, description="Nucleus sampling when a request sets none."
+    top_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Nucleus sampling when a request sets none. Default: the GGUF's "
+        "general.sampling.top_p, else 0.95.",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=0,
+        description="Top-k sampling (every request). Default: the GGUF's general.sampling.top_k, "
+        "else 40.",
+    )
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Min-p sampling (every request). Default: the GGUF's "
+        "general.sampling.min_p, else 0.05.",
+    )
+    repeat_penalty: float | None = Field(
+        None,
+        gt=0.0,
+        description="Repetition penalty over the last 64 tokens (1 disables). Default: the "
+        "GGUF's general.sampling.penalty_repeat, else 1.",
     )
     max_output_tokens: int | None = Field(
         None,
@@ -198,6 +225,17 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."
     )
+
+    def sampling_overrides(self) -> dict[str, float]:
+        """The sampling settings given, over what the model recommends."""
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+        }
+        return {k: float(v) for k, v in given.items() if v is not None}
 
     def repack_weights(self) -> bool | None:
         """None: let the engine decide (auto)."""

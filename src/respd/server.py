@@ -10,10 +10,8 @@ from rich.console import Console
 
 from respd.api.app import create_app
 from respd.config import Settings
-from respd.engines.llamacpp import LlamaCppEngine
-from respd.engines.multimodal import ProjectorError
-from respd.service.media import MediaSettings
-from respd.service.sampling import SamplingDefaults
+from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.service.media.resolver import MediaSettings
 from respd.store import Limits, Store, StoreConfigError, open_store
 from respd.store.memory import file_limits
 
@@ -43,6 +41,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 chat_template=template,
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
+                sampling=settings.sampling_overrides(),
             )
         except ProjectorError as exc:
             raise SystemExit(
@@ -95,12 +94,8 @@ def serve(settings: Settings) -> int:
     engine = load_engine(settings, console)
     app = create_app(
         engine,
-        SamplingDefaults(
-            temperature=settings.temperature,
-            top_p=settings.top_p,
-            max_output_tokens=settings.max_output_tokens,
-        ),
         store,
+        default_max_tokens=settings.max_output_tokens,
         sse_keepalive=settings.sse_keepalive_secs,
         media=media_settings(settings),
         max_file_bytes=settings.max_file_bytes,

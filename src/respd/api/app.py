@@ -9,33 +9,36 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from respd import __version__
-from respd.api import chat, conversations, files, models, responses
+from respd.api import chat, conversations, files, responses
+from respd.api import models as model_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.engines.base import Engine
-from respd.service.background import BackgroundJobs
-from respd.service.chat import ChatService
+from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
-from respd.service.media import MediaSettings
-from respd.service.responses import ResponsesService
-from respd.service.sampling import SamplingDefaults
-from respd.service.stored import StoredResponses
+from respd.service.media.resolver import MediaSettings
+from respd.service.models import ModelRegistry
+from respd.service.responses.background import BackgroundJobs
+from respd.service.responses.service import ResponsesService
+from respd.service.responses.stored import StoredResponses
 from respd.store import MemoryStore, Store
 
 
 def create_app(
-    engine: Engine,
-    defaults: SamplingDefaults | None = None,
+    models: ModelRegistry | Engine,
     store: Store | None = None,
     *,
+    default_max_tokens: int | None = None,
     sse_keepalive: float = 15.0,
     media: MediaSettings | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
 ) -> FastAPI:
-    """Build the app. The store is owned by the app from here on: closed at shutdown."""
-    defaults = defaults or SamplingDefaults()
+    """Build the app over the models it serves (one engine, or a registry of several). The
+    store is owned by the app from here on: closed at shutdown."""
+    if not isinstance(models, ModelRegistry):
+        models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
-    service = ResponsesService(engine, defaults, store, media)
+    service = ResponsesService(models, store, media, default_max_tokens=default_max_tokens)
     jobs = BackgroundJobs(service, store)
 
     @asynccontextmanager
@@ -48,20 +51,20 @@ def create_app(
             await store.close()
 
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
-    app.state.engine = engine
+    app.state.models = models
     app.state.started_at = int(time.time())
     app.state.sse_keepalive = sse_keepalive
     app.state.responses = service
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)
-    app.state.conversations = ConversationsService(store, engine.model_id, service.media)
+    app.state.conversations = ConversationsService(store, service.media)
     app.state.files = FilesService(store, max_file_bytes)
-    app.state.chat = ChatService(engine, defaults, service.media)
+    app.state.chat = ChatService(models, service.media, default_max_tokens=default_max_tokens)
     install_error_handlers(app)
     app.include_router(responses.router)
     app.include_router(conversations.router)
     app.include_router(files.router)
     app.include_router(chat.router)
-    app.include_router(models.router)
+    app.include_router(model_routes.router)
     app.add_middleware(RequestIdMiddleware)
     return app

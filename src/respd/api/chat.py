@@ -10,10 +10,12 @@ from fastapi.responses import JSONResponse, Response
 
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
-from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
+from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
-from respd.service.chat import ChatResult, ChatService, PreparedChat, ToolCallDelta
-from respd.service.reasoning import ReasoningDelta
+from respd.protocol.errors import ServerError
+from respd.protocol.wire import wire
+from respd.service.chat.service import ChatResult, ChatService, PreparedChat, ToolCallDelta
+from respd.service.generation.output import ReasoningDelta
 
 router = APIRouter()
 
@@ -34,30 +36,36 @@ async def chat_completions(request: Request) -> Response:
     prepared = await service.prepare(body, owner_of(request))
     if not body.stream:
         result = await until_disconnect(request, _complete(service, prepared))
-        return JSONResponse(dump(service.completion(prepared, result)))
+        if result.error is not None:
+            raise ServerError(result.error, code="server_error")
+        return JSONResponse(wire(service.completion(prepared, result)))
 
     stream = service.generate(prepared)  # admission errors (503) surface before any SSE
 
     async def frames() -> AsyncIterator[bytes]:
-        yield sse_frame(dump(service.chunk(prepared, delta={"role": "assistant", "content": ""})))
+        yield sse_frame(wire(service.chunk(prepared, delta={"role": "assistant", "content": ""})))
         async with aclosing(stream):
             async for item in stream:
-                if isinstance(item, ChatResult):
+                if isinstance(item, ChatResult) and item.error is not None:
+                    # The stream has begun: the error is its last event, as OpenAI sends one.
+                    error = ServerError(item.error, code="server_error")
+                    yield sse_frame(error.body())
+                elif isinstance(item, ChatResult):
                     yield sse_frame(
-                        dump(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))
+                        wire(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))
                     )
                     if prepared.include_usage:
-                        yield sse_frame(dump(service.chunk(prepared, usage=service.usage(item))))
+                        yield sse_frame(wire(service.chunk(prepared, usage=service.usage(item))))
                 elif isinstance(item, ToolCallDelta):
-                    yield sse_frame(dump(service.chunk(prepared, delta=item.as_delta())))
+                    yield sse_frame(wire(service.chunk(prepared, delta=item.as_delta())))
                 elif isinstance(item, ReasoningDelta):
                     delta = {"reasoning_content": item.text}  # the vLLM / llama-server field
-                    yield sse_frame(dump(service.chunk(prepared, delta=delta)))
+                    yield sse_frame(wire(service.chunk(prepared, delta=delta)))
                 else:
                     chunk = service.chunk(
                         prepared, delta={"content": item.text}, logprobs=item.logprobs
                     )
-                    yield sse_frame(dump(chunk))
+                    yield sse_frame(wire(chunk))
         yield sse_frame("[DONE]")
 
     return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)

@@ -6,41 +6,55 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
-from respd.protocol.errors import model_not_found
+from respd.engines.base import Engine
+from respd.service.models import ModelRegistry
 
 router = APIRouter()
 
 
-def _model_card(request: Request) -> dict[str, Any]:
-    state = request.app.state
+def _models(request: Request) -> ModelRegistry:
+    models: ModelRegistry = request.app.state.models
+    return models
+
+
+def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
     return {
-        "id": state.engine.model_id,
+        "id": engine.model_id,
         "object": "model",
-        "created": state.started_at,
+        "created": request.app.state.started_at,
         "owned_by": "respd",
-        "context_window": state.engine.context_window,
-        "input_modalities": ["text", "image"] if state.engine.vision else ["text"],
+        "context_window": engine.context_window,
+        "input_modalities": ["text", "image"] if engine.vision else ["text"],
     }
 
 
 @router.get("/v1/models")
 @router.get("/models", include_in_schema=False)
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(request)]}
+    return {"object": "list", "data": [_model_card(request, e) for e in _models(request)]}
 
 
 @router.get("/v1/models/{model_id:path}")
 @router.get("/models/{model_id:path}", include_in_schema=False)
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    card = _model_card(request)
-    if model_id != card["id"]:
-        raise model_not_found(model_id)
-    return card
+    return _model_card(request, _models(request).get(model_id))
 
 
 @router.get("/health")
 @router.get("/v1/health", include_in_schema=False)
-async def health(request: Request) -> dict[str, Any]:
-    engine = request.app.state.engine
-    return {"status": "ok", "model": engine.model_id, "engine": asdict(engine.stats())}
+async def health(request: Request) -> JSONResponse:
+    """200 while every engine can serve; 503 (same body) when one cannot, e.g. its worker
+    died, so a load balancer takes the replica out."""
+    engines = list(_models(request))
+    stats = {e.model_id: e.stats() for e in engines}
+    healthy = all(s.healthy for s in stats.values())
+    first = engines[0]
+    body = {
+        "status": "ok" if healthy else "unhealthy",
+        "model": first.model_id,
+        "engine": asdict(stats[first.model_id]),
+        "engines": {model: asdict(s) for model, s in stats.items()},
+    }
+    return JSONResponse(body, status_code=200 if healthy else 503)

@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse, Response
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.query import include_param
-from respd.api.streaming import EventStreamResponse, dump, sse_frame, until_disconnect
+from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
-from respd.service.background import BackgroundJobs
-from respd.service.events import ResponseEventMachine
-from respd.service.responses import PreparedResponse, ResponsesService
-from respd.service.stored import StoredResponses
+from respd.protocol.wire import wire
+from respd.service.responses.background import BackgroundJobs
+from respd.service.responses.events import ResponseEventMachine
+from respd.service.responses.service import PreparedResponse, ResponsesService
+from respd.service.responses.stored import StoredResponses
 
 router = APIRouter()
 
@@ -68,18 +69,18 @@ async def create_response(request: Request) -> Response:
         if body.stream:
             # A background stream outlives its client: disconnecting stops only the follow.
             return _sse(request, job.follow(after=-1))
-        return JSONResponse(dump(job.machine.snapshot()))
+        return JSONResponse(wire(job.machine.snapshot()))
     if body.stream:
         stream = service.respond(prepared)  # admission errors (503) surface before any SSE
 
         async def events() -> AsyncGenerator[dict[str, Any], None]:
             async with aclosing(stream):
                 async for event in stream:
-                    yield dump(event)
+                    yield wire(event)
 
         return _sse(request, events())
     machine = await until_disconnect(request, _collect(service, prepared))
-    return JSONResponse(dump(machine.snapshot()))
+    return JSONResponse(wire(machine.snapshot()))
 
 
 @router.post("/v1/responses/input_tokens")

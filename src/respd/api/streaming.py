@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import anyio
-from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -23,11 +22,6 @@ T = TypeVar("T")
 
 class ClientGone(Exception):
     """The client disconnected before its non-streaming answer was ready."""
-
-
-def dump(model: BaseModel) -> dict[str, Any]:
-    """Wire JSON of an SDK object: the fields we set, nothing the SDK merely defaults."""
-    return model.model_dump(mode="json", exclude_unset=True, by_alias=True)
 
 
 def sse_frame(data: dict[str, Any] | str, event: str | None = None) -> bytes:

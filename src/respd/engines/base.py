@@ -1,6 +1,19 @@
 """The engine protocol: what the service layer may ask of a model backend.
 
-An engine knows models, templates and tokens; it knows nothing of the Responses API.
+An engine knows models, templates and tokens; it knows nothing of the Responses API. The
+protocol fits two kinds of backend:
+
+- a **token-level** engine (llama.cpp in-process): it renders the conversation through the
+  model's chat template, tokenizes it, fits it into the context window, compiles output
+  constraints into its grammar sampler and streams raw generated text, which the service
+  reads with the model family's `profile`;
+- a **message-level** engine (a remote OpenAI-compatible chat server): it sends the
+  messages, tools and JSON Schemas as they are and streams text, reasoning and tool-call
+  fragments the server already separated (`TokenChunk.reasoning` / `.calls`).
+
+So everything the service hands over is engine-neutral: messages, tool definitions, a
+`Constraint` (JSON Schemas and a call policy), the reasoning effort, sampling settings.
+`prepare` is the one place a prompt is built (rendered once); `generate` runs it.
 """
 
 from __future__ import annotations
@@ -10,7 +23,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from respd.engines.constraints import Constraint
+    from respd.engines.families.profile import ModelProfile
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -39,6 +56,24 @@ class ToolCall:
         }
 
 
+@dataclass(frozen=True)
+class ToolDefinition:
+    """A function the model may call: name, description and JSON-Schema parameters."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def as_template_tool(self) -> dict[str, Any]:
+        """The Hugging Face shape chat templates (and Chat Completions) use."""
+        fn: dict[str, Any] = {"name": self.name}
+        if self.description:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters or {"type": "object", "properties": {}}
+        return {"type": "function", "function": fn}
+
+
 @dataclass(frozen=True, eq=False)
 class Image:
     """An image for a vision model: the encoded file (PNG, JPEG, ...), already decoded from
@@ -65,7 +100,7 @@ class ChatMessage:
     tool_calls: list[ToolCall] = field(default_factory=list)  # assistant turns
     tool_call_id: str | None = None  # tool turns: the call this answers
     name: str | None = None  # tool turns: the function that produced it
-    # Images of this turn, in order; each sits in `content` where the engine's
+    # Images of this turn, in order; each sits in `content` where the profile's
     # `media_marker` appears (one marker per image).
     images: list[Image] = field(default_factory=list)
     # Assistant turns: reasoning text of this turn (from `reasoning` input items), for
@@ -87,20 +122,57 @@ class ChatMessage:
         return out
 
 
+def message_images(messages: Sequence[ChatMessage]) -> list[Image]:
+    """Every image of the conversation, in prompt order."""
+    return [image for m in messages for image in m.images]
+
+
 @dataclass
 class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
+    """How tokens are drawn. None means "the engine's default" (for a local model the
+    sampling its GGUF metadata recommends; a remote server applies its own)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    # GBNF text the sampler must follow (llama.cpp grammar syntax, root rule `root`); the
-    # service builds it from tool and response schemas. None: free generation.
-    grammar: str | None = None
+    repeat_penalty: float | None = None
     # None: no logprobs. N (0-20): each generated token's logprob under the model, plus the
     # N most likely alternatives at that step.
     logprobs: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PromptRequest:
+    """A conversation to turn into a prompt, and what its output must look like."""
+
+    messages: list[ChatMessage]
+    # The functions the model is offered this turn (already narrowed by the tool policy).
+    tools: list[ToolDefinition] = field(default_factory=list)
+    constraint: Constraint | None = None
+    # The client's reasoning effort as given (`low`, `high`, `none`, ...); None: not asked.
+    reasoning_effort: str | None = None
+    reserve: int = 1  # tokens kept free for the output
+    truncate: bool = False  # drop the oldest turns to fit, instead of refusing
+
+
+@dataclass
+class Prompt:
+    """A prepared prompt, ready for `Engine.generate` (built by `Engine.prepare`)."""
+
+    request: PromptRequest
+    messages: list[ChatMessage]  # those kept after fitting
+    n_tokens: int  # prompt tokens (exact for token-level engines; an estimate otherwise)
+    # The rendered prompt already opens a thinking block: the output starts inside it.
+    reasoning_open: bool = False
+    tokens: list[int] = field(default_factory=list)  # token-level engines
+    images: list[Image] = field(default_factory=list)  # those `tokens` hold, in order
+    compiled: Any = None  # the engine's own form of `request.constraint`
 
 
 @dataclass
@@ -121,13 +193,31 @@ class TokenLogprob:
 
 
 @dataclass
+class CallDelta:
+    """A fragment of a tool call, from an engine that reports calls already parsed: the
+    first fragment of call `index` carries its `name`."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass
 class TokenChunk:
-    """Newly generated text (possibly empty while a UTF-8 sequence is incomplete)."""
+    """Newly generated output. `text` is raw model text (possibly empty while a UTF-8
+    sequence is incomplete); a message-level engine also fills `reasoning` and `calls`."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
-    # One entry per token id when `SamplingParams.logprobs` is set.
+    # One entry per generated token when `SamplingParams.logprobs` is set.
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    reasoning: str = ""
+    calls: list[CallDelta] = field(default_factory=list)
+    tokens: int | None = None  # tokens this chunk stands for when `token_ids` is not known
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids) if self.tokens is None else self.tokens
 
 
 @dataclass
@@ -139,6 +229,7 @@ class GenerationDone:
     completion_tokens: int
     cached_tokens: int = 0
     error: str | None = None  # set when finish_reason is "error"
+    reasoning_tokens: int | None = None  # when the engine counts them itself
 
 
 GenerationEvent = TokenChunk | GenerationDone
@@ -146,13 +237,19 @@ GenerationEvent = TokenChunk | GenerationDone
 
 @dataclass
 class EngineStats:
-    """Counters for /health and tests: is anything still generating after a client left?"""
+    """Counters for /health, /metrics and tests."""
 
     running: int = 0
     queued: int = 0
     completed: int = 0
     cancelled: int = 0
+    failed: int = 0
     generated_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    # False when the engine cannot serve any more (its worker died, the upstream is gone).
+    healthy: bool = True
+    problem: str | None = None
 
 
 class GenerationStream(Protocol):
@@ -169,51 +266,51 @@ class EngineBusy(Exception):
     """Every slot and the whole queue are taken: the caller should retry later."""
 
 
+class PromptError(Exception):
+    """The conversation cannot become a prompt (the template rejects it, images and markers
+    disagree, ...): the request's fault."""
+
+
+class PromptTooLong(Exception):
+    """The prompt plus `reserve` does not fit the context window (even after truncating,
+    when `truncated`)."""
+
+    def __init__(self, n_tokens: int, window: int, reserve: int, *, truncated: bool) -> None:
+        super().__init__(f"{n_tokens} prompt tokens + {reserve} do not fit {window}")
+        self.n_tokens = n_tokens
+        self.window = window
+        self.reserve = reserve
+        self.truncated = truncated
+
+
 class Engine(Protocol):
-    """A loaded model that renders, tokenizes and generates."""
+    """A loaded model (local or remote) that prepares prompts and generates."""
 
     model_id: str
     context_window: int
-    template_source: str  # the chat template in use, for tool-format detection
-    vision: bool  # the model sees images (a projector is loaded)
-    media_marker: str  # where an image goes in rendered text: one marker per image
+    vision: bool  # the model sees images
+    profile: ModelProfile  # how this model family writes tool calls, thinking, images
+    # Sampling applied when a request sets none (`temperature`, `top_p`, ...); what the
+    # engine does not say, the server it talks to decides.
+    default_sampling: dict[str, float]
 
-    def render_prompt(
-        self,
-        messages: Sequence[ChatMessage],
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """Render through the chat template; `tools` (`{"type":"function","function":…}`)
-        reach it as the `tools` variable, the Hugging Face convention; `template_kwargs`
-        (e.g. `enable_thinking`, `reasoning_effort`) become further template variables."""
+    def check_schema(self, schema: dict[str, Any]) -> None:
+        """Raise `constraints.SchemaRejected` when this engine cannot enforce `schema`
+        (called while reading a request, before anything is built)."""
         ...
 
-    def check_grammar(self, grammar: str) -> None:
-        """Raise ValueError when the engine's grammar sampler cannot parse `grammar`."""
-        ...
-
-    def tokenize(self, prompt: str, images: Sequence[Image] = ()) -> list[int]:
-        """Token ids of a rendered prompt. Each `media_marker` in it is replaced by the
-        positions of the next image in `images`, as placeholder ids (< 0) derived from the
-        image's digest, so prompt lengths and prefix matching count images too. Raises
-        ValueError when markers and images disagree or the model has no vision."""
+    async def prepare(self, request: PromptRequest) -> Prompt:
+        """Build the prompt: render once, fit the window (raising `PromptTooLong`), compile
+        the constraint (raising `constraints.ConstraintError`). Raises `PromptError` for a
+        conversation the model cannot take."""
         ...
 
     def generate(
-        self,
-        prompt_tokens: list[int],
-        params: SamplingParams,
-        *,
-        cache_key: str | None = None,
-        images: Sequence[Image] = (),
+        self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None
     ) -> GenerationStream:
-        """Admit a request at once (raising `EngineBusy` when full) and return its stream of
-        generated text; closing the stream early cancels the generation. `cache_key` steers
-        requests that share a prompt prefix to the same cache slot. `images` are those
-        `tokenize` placed in `prompt_tokens`, in the same order."""
+        """Admit a request at once (raising `EngineBusy` when full) and return its stream;
+        closing the stream early cancels the generation. `cache_key` steers requests that
+        share a prompt prefix to the same cache."""
         ...
 
     def stats(self) -> EngineStats: ...

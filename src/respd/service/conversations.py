@@ -6,21 +6,22 @@ import time
 from typing import Any
 
 from respd.protocol.errors import InvalidRequest, MissingParameter, NotFound
-from respd.service.history import conversation_not_found
 from respd.service.ids import new_id
-from respd.service.items import normalize_items, page
-from respd.service.media import MediaResolver
-from respd.service.responses import check_metadata
-from respd.service.translate import Lowering, input_to_messages
+from respd.service.media.lowering import Lowering
+from respd.service.media.resolver import MediaResolver
+from respd.service.metadata import check_metadata
+from respd.service.pages import page
+from respd.service.responses.history import conversation_not_found
+from respd.service.responses.items import normalize_items
+from respd.service.responses.translate import check_item_shapes, input_to_messages
 from respd.store.base import JSON, ConversationRecord, Store
 
 MAX_ITEMS_PER_CALL = 20
 
 
 class ConversationsService:
-    def __init__(self, store: Store, model_id: str, media: MediaResolver | None = None) -> None:
+    def __init__(self, store: Store, media: MediaResolver | None = None) -> None:
         self.store = store
-        self.model_id = model_id
         self.media = media or MediaResolver(store)
 
     async def _items(self, items: Any, owner: str, *, required: bool) -> list[JSON]:
@@ -28,12 +29,13 @@ class ConversationsService:
             if required:
                 raise MissingParameter("items")
             return []
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        if not isinstance(items, list):
             raise InvalidRequest(
                 "Invalid type for 'items': expected an array of items.",
                 param="items",
                 code="invalid_type",
             )
+        check_item_shapes(items, "items")
         if len(items) > MAX_ITEMS_PER_CALL:
             raise InvalidRequest(
                 f"Invalid 'items': array too long. Expected at most {MAX_ITEMS_PER_CALL} "
@@ -45,10 +47,7 @@ class ConversationsService:
         # conversation is not tied to one; a text-only model refuses its images when used).
         media = await self.media.resolve_items(items, owner, prefix="items")
         input_to_messages(
-            items,
-            model_id=self.model_id,
-            lowering=Lowering(self.model_id, True, media=media),
-            prefix="items",
+            items, lowering=Lowering("conversation", True, media=media), prefix="items"
         )
         return normalize_items(items)
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter, NotFound
-from respd.service.items import page
+from respd.service.pages import page
 from respd.store.base import JSON, FileRecord, Store
 
 # The `purpose` values OpenAI's `files.create` accepts.

@@ -1,4 +1,4 @@
-"""In-memory store, bounded by entry count, approximate bytes and TTL (the seed's flags).
+"""In-memory store, bounded by entry count, approximate bytes and TTL (the --*-store-* flags).
 
 Limits, per map (responses; conversations):
 - `max_entries`: 0 disables the map (nothing is kept); otherwise the oldest write is evicted

@@ -1,0 +1,6 @@
+"""The default engine: GGUF models in-process through llama.cpp (llama-cpp-python)."""
+
+from respd.engines.llamacpp.engine import LlamaCppEngine, cpu_advertises_amx
+from respd.engines.llamacpp.multimodal import ProjectorError
+
+__all__ = ["LlamaCppEngine", "ProjectorError", "cpu_advertises_amx"]

@@ -1,0 +1,299 @@
+"""The generation core both APIs share: a request-neutral spec → a prepared prompt → events.
+
+`prepare` plans the output (which tools the model sees, the constraint, how many calls are
+read), has the engine build the prompt (rendered once, fitted, constraint compiled) and maps
+the engine's refusals to OpenAI's 400s. `run` admits the generation at once (a full engine
+is a 503 before any event) and yields `output.py`'s events, ending with exactly one
+`Finished` — also when the engine fails mid-stream, so no adapter ever sees a traceback.
+Closing the iterator cancels the generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+from respd.engines.base import (
+    ChatMessage,
+    Engine,
+    EngineBusy,
+    GenerationDone,
+    GenerationStream,
+    Prompt,
+    PromptError,
+    PromptRequest,
+    PromptTooLong,
+    SamplingParams,
+    ToolDefinition,
+)
+from respd.engines.constraints import ConstraintError
+from respd.protocol.errors import APIError, ContextLengthExceeded, InvalidRequest
+from respd.service.generation.output import (
+    ArgumentsDelta,
+    CallFinished,
+    CallStarted,
+    Finished,
+    OutputEvent,
+    Usage,
+)
+from respd.service.generation.plan import plan_output
+from respd.service.generation.reader import OutputReader
+from respd.service.tools.definitions import ToolPolicy
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 1
+
+
+@dataclass(frozen=True)
+class Params:
+    """The names a client's API gives the spec's fields, for error messages."""
+
+    messages: str = "input"
+    answer: str = "text.format"
+    tool_choice: str = "tool_choice"
+    max_tokens: str = "max_output_tokens"
+
+
+@dataclass
+class GenerationSpec:
+    """One generation, in neither API's terms."""
+
+    messages: list[ChatMessage]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    tools: list[ToolDefinition] = field(default_factory=list)
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    answer_schema: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    truncate: bool = False
+    cache_key: str | None = None
+    params: Params = field(default_factory=Params)
+
+
+@dataclass
+class PreparedGeneration:
+    engine: Engine
+    spec: GenerationSpec
+    prompt: Prompt
+    tool_names: frozenset[str]
+    max_calls: int | None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.prompt.n_tokens
+
+
+async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
+    """Everything before the first event; raises an `APIError` for a request that cannot
+    run (and nothing has started)."""
+    p = spec.params
+    plan = plan_output(
+        spec.tools,
+        spec.policy,
+        spec.answer_schema,
+        answer_param=p.answer,
+        choice_param=p.tool_choice,
+    )
+    reserve = spec.sampling.max_tokens or 1
+    window = engine.context_window
+    if reserve >= window:
+        raise ContextLengthExceeded(
+            f"{p.max_tokens} ({reserve}) must be smaller than the model's context window of "
+            f"{window} tokens.",
+            param=p.max_tokens,
+        )
+    request = PromptRequest(
+        messages=spec.messages,
+        tools=plan.tools,
+        constraint=plan.constraint,
+        reasoning_effort=spec.reasoning_effort,
+        reserve=reserve,
+        truncate=spec.truncate,
+    )
+    try:
+        prompt = await engine.prepare(request)
+    except PromptTooLong as exc:
+        if exc.truncated:
+            message = (
+                f"This model's maximum context length is {exc.window} tokens; even after "
+                f"truncating older turns the input needs {exc.n_tokens} tokens plus "
+                f"{exc.reserve} for output."
+            )
+        else:
+            message = (
+                f"This model's maximum context length is {exc.window} tokens. However, your "
+                f"request needs {exc.n_tokens} input tokens plus {exc.reserve} for output. "
+                f"Shorten the input, lower {p.max_tokens}"
+                + (", or set truncation to 'auto'." if p.messages == "input" else ".")
+            )
+        raise ContextLengthExceeded(message, param=p.messages) from exc
+    except PromptError as exc:
+        raise InvalidRequest(f"The input cannot be processed: {exc}.", param=p.messages) from exc
+    except ConstraintError as exc:
+        if exc.target == "calls":
+            raise InvalidRequest(
+                f"A tool's parameters cannot be enforced: {exc}.",
+                param="tools",
+                code="invalid_function_parameters",
+            ) from exc
+        raise InvalidRequest(
+            f"Invalid schema in '{p.answer}': {exc}.", param=p.answer, code="invalid_value"
+        ) from exc
+    names = frozenset(t.name for t in plan.tools)
+    return PreparedGeneration(engine, spec, prompt, names, plan.max_calls)
+
+
+class Run:
+    """One admitted generation: iterate it for its events; `produced` counts the tokens
+    generated so far; closing it cancels the generation."""
+
+    def __init__(self, prepared: PreparedGeneration, stream: GenerationStream) -> None:
+        self.produced = 0
+        self._events = _events(prepared, stream, self)
+
+    def __aiter__(self) -> AsyncGenerator[OutputEvent | Finished, None]:
+        return self._events
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+
+def run(prepared: PreparedGeneration) -> Run:
+    """Admit the generation now (503 when the engine is full) and return its events."""
+    spec = prepared.spec
+    try:
+        stream = prepared.engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
+    except EngineBusy as exc:
+        raise APIError(
+            f"The server is overloaded: {exc}. Please retry shortly.",
+            status_code=503,
+            error_type="server_error",
+            code="server_is_overloaded",
+            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+        ) from exc
+    return Run(prepared, stream)
+
+
+async def _events(
+    prepared: PreparedGeneration, stream: GenerationStream, progress: Run
+) -> AsyncGenerator[OutputEvent | Finished, None]:
+    spec = prepared.spec
+    engine = prepared.engine
+    reader = OutputReader(
+        engine.profile,
+        reasoning_open=prepared.prompt.reasoning_open,
+        tool_names=prepared.tool_names,
+        max_calls=prepared.max_calls,
+        stops=spec.sampling.stop,
+        logprobs=spec.sampling.logprobs is not None,
+    )
+    guard = RepeatGuard()
+    done: GenerationDone | None = None
+    produced = 0
+    ended = False  # a stop sequence or a repeated call ended the turn early
+    try:
+        async with aclosing(stream):
+            async for chunk in stream:
+                if isinstance(chunk, GenerationDone):
+                    done = chunk
+                    continue
+                produced += chunk.n_tokens
+                progress.produced = produced
+                for event in guard.filter(reader.feed(chunk)):
+                    yield event
+                if reader.stopped or guard.ended:
+                    ended = True
+                    break  # closing the stream cancels the rest of the generation
+        cut_off = done is not None and done.finish_reason == "length"
+        for event in guard.filter(reader.finish(cut_off=cut_off)):
+            yield event
+    except Exception as exc:  # the engine broke: the adapters end honestly
+        log.exception("generation raised")
+        done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
+    if done is None or (ended and done.finish_reason == "cancelled"):
+        if ended:
+            done = GenerationDone("stop", prepared.prompt_tokens, produced)
+        else:
+            error = "the generation ended without a result"
+            done = GenerationDone("error", prepared.prompt_tokens, produced, error=error)
+    usage = Usage(
+        input_tokens=done.prompt_tokens,
+        output_tokens=done.completion_tokens or produced,
+        cached_tokens=done.cached_tokens,
+        reasoning_tokens=(
+            reader.reasoning_tokens if done.reasoning_tokens is None else done.reasoning_tokens
+        ),
+    )
+    if done.finish_reason == "error":
+        log.error("generation failed: %s", done.error)
+    yield Finished(done.finish_reason, usage, calls=guard.calls, error=done.error)
+
+
+def _same_arguments(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
+
+
+class RepeatGuard:
+    """Ends the turn at a call identical to an earlier one of the same turn (same function,
+    same arguments), which is not emitted: small models repeat a forced call until their
+    budget runs out. A call to a function already called is held back only while its
+    arguments so far could still repeat an earlier call's."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, str]] = []  # (name, arguments) of finished calls
+        self.ended = False
+        self._held: list[OutputEvent] | None = None
+        self._name = ""
+        self._args = ""
+
+    @property
+    def calls(self) -> int:
+        return len(self.made)
+
+    def filter(self, events: list[OutputEvent]) -> list[OutputEvent]:
+        out: list[OutputEvent] = []
+        for event in events:
+            if self.ended:
+                break
+            if isinstance(event, CallStarted) and any(n == event.name for n, _ in self.made):
+                self._held, self._name, self._args = [event], event.name, ""
+            elif self._held is not None and isinstance(event, ArgumentsDelta):
+                self._held.append(event)
+                self._args += event.delta
+                if not self._may_repeat():
+                    out += self._release()
+            elif self._held is not None and isinstance(event, CallFinished):
+                if event.complete and any(
+                    n == event.name and _same_arguments(a, event.arguments) for n, a in self.made
+                ):
+                    self._held = None
+                    self.ended = True
+                    break
+                self._held.append(event)
+                out += self._release()
+            else:
+                out += [*self._release(), event] if self._held is not None else [event]
+                self._record(event)
+        return out
+
+    def _may_repeat(self) -> bool:
+        return any(n == self._name and a.startswith(self._args) for n, a in self.made)
+
+    def _release(self) -> list[OutputEvent]:
+        held, self._held = self._held or [], None
+        for event in held:
+            self._record(event)
+        return held
+
+    def _record(self, event: OutputEvent) -> None:
+        if isinstance(event, CallFinished):
+            self.made.append((event.name, event.arguments))

@@ -1,0 +1,53 @@
+"""Request sampling fields → engine `SamplingParams`, with OpenAI's range checks.
+
+Fields a request leaves out stay None: the engine applies its defaults (the server's
+`--temperature`/`--top-p`, else what the model's GGUF recommends).
+"""
+
+from __future__ import annotations
+
+import math
+
+from respd.engines.base import SamplingParams
+from respd.protocol.errors import InvalidRequest
+
+
+def _check_range(value: float | None, name: str, low: float, high: float) -> None:
+    if value is not None and not (math.isfinite(value) and low <= value <= high):
+        raise InvalidRequest(
+            f"Invalid '{name}': expected a value between {low:g} and {high:g}, got {value:g}.",
+            param=name,
+            code="invalid_value",
+        )
+
+
+def build_sampling(
+    *,
+    temperature: float | None,
+    top_p: float | None,
+    max_tokens: int | None,
+    max_tokens_param: str,
+    default_max_tokens: int | None = None,
+    seed: int | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+) -> SamplingParams:
+    _check_range(temperature, "temperature", 0.0, 2.0)
+    _check_range(top_p, "top_p", 0.0, 1.0)
+    _check_range(presence_penalty, "presence_penalty", -2.0, 2.0)
+    _check_range(frequency_penalty, "frequency_penalty", -2.0, 2.0)
+    if max_tokens is not None and max_tokens < 1:
+        raise InvalidRequest(
+            f"Invalid '{max_tokens_param}': integer below minimum value. Expected a value "
+            f">= 1, but got {max_tokens} instead.",
+            param=max_tokens_param,
+            code="integer_below_min_value",
+        )
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        presence_penalty=presence_penalty or 0.0,
+        frequency_penalty=frequency_penalty or 0.0,
+    )

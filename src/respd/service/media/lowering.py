@@ -1,0 +1,179 @@
+"""Lowering content parts into the canonical conversation, the same way for both APIs.
+
+Media parts arrive already resolved (`resolver.py` fetched, decoded and checked them, keyed
+by part path), so everything here is pure. User-turn images stay in place as one media
+marker each; images of other turns, and of array tool outputs, move to a user turn right
+after (a tool turn then ends with `ATTACHED_LINE`); tool-output parts of no known type stay
+as one line of JSON; files become `<file name="…">` text blocks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from respd.engines.base import ChatMessage, Image
+from respd.engines.families.profile import MEDIA_MARKER
+from respd.protocol.errors import InvalidRequest, MissingParameter
+from respd.service.media.parts import FILE_PARTS, IMAGE_PARTS, TEXT_PARTS
+from respd.service.media.resolver import FileText, Media
+
+_NO_INPUT_PARTS = ("input_audio", "video_url")
+IMAGE_DETAILS = ("low", "high", "auto", "original")
+# What a tool turn whose images moved to the next turn ends with.
+ATTACHED_LINE = "[Image output attached in the next message]"
+NO_EFFECTIVE_INPUT = "Request must include at least one non-empty message content or media input."
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How media parts lower: what the resolution pass found for each part path, and
+    whether (and with which marker) the model takes images."""
+
+    model_id: str
+    vision: bool = False
+    marker: str = MEDIA_MARKER
+    media: Media = field(default_factory=dict)
+
+    def image(self, part: dict[str, Any], p: str) -> Image:
+        kind = part["type"]
+        if kind == "image_url" and isinstance(part.get("image_url"), dict):
+            detail, detail_param = part["image_url"].get("detail"), f"{p}.image_url.detail"
+        else:
+            detail, detail_param = part.get("detail"), f"{p}.detail"
+        if detail is not None and detail not in IMAGE_DETAILS:
+            raise InvalidRequest(
+                f"Invalid value for '{detail_param}': expected one of "
+                f"{', '.join(IMAGE_DETAILS)}, got {detail!r}.",
+                param=detail_param,
+                code="invalid_value",
+            )
+        resolved = self._resolved(p)
+        if not isinstance(resolved, Image):
+            raise RuntimeError(f"{p}: expected a resolved image")
+        if not self.vision:
+            raise InvalidRequest(
+                f"The model '{self.model_id}' has no image input; the '{kind}' content at "
+                f"'{p}' cannot be processed. Use a vision model.",
+                param=p,
+                code="unsupported_input",
+            )
+        return Image(resolved.data, resolved.mime_type, detail or "auto")
+
+    def file_text(self, p: str) -> str:
+        resolved = self._resolved(p)
+        if not isinstance(resolved, FileText):
+            raise RuntimeError(f"{p}: expected a resolved file")
+        return resolved.block()
+
+    def _resolved(self, p: str) -> Image | FileText:
+        try:
+            return self.media[p]
+        except KeyError:  # a caller skipped the resolution pass: a bug, not a bad request
+            raise RuntimeError(f"media part {p} was not resolved before translation") from None
+
+
+Piece = str | Image
+
+
+def _parts(
+    content: list[Any], param: str, low: Lowering, *, keep_unknown: bool
+) -> tuple[list[Piece], list[dict[str, Any]]]:
+    """Content parts → text pieces and images in order, plus (with `keep_unknown`, for tool
+    outputs) the parts of no known type, which the caller keeps as JSON text."""
+    pieces: list[Piece] = []
+    unknown: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        p = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise InvalidRequest(
+                f"Invalid type for '{p}': expected an object.", param=p, code="invalid_type"
+            )
+        kind = part.get("type")
+        if kind in TEXT_PARTS:
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise MissingParameter(f"{p}.text")
+            pieces.append(text)
+        elif kind == "refusal" and not keep_unknown:
+            pieces.append(str(part.get("refusal", "")))
+        elif kind in IMAGE_PARTS:
+            pieces.append(low.image(part, p))
+        elif kind in FILE_PARTS:
+            pieces.append(low.file_text(p))
+        elif kind in _NO_INPUT_PARTS:
+            what = "audio" if kind == "input_audio" else "video"
+            raise InvalidRequest(
+                f"This server has no {what} input; '{kind}' content cannot be processed "
+                f"(model '{low.model_id}').",
+                param=f"{p}.type",
+                code="unsupported_input",
+            )
+        elif keep_unknown:
+            unknown.append(part)
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{p}.type': {kind!r} is not a known content part type.",
+                param=f"{p}.type",
+                code="invalid_value",
+            )
+    return pieces, unknown
+
+
+def _check_content(content: Any, param: str) -> None:
+    if not isinstance(content, str | list):
+        raise InvalidRequest(
+            f"Invalid type for '{param}': expected a string or an array of content parts.",
+            param=param,
+            code="invalid_type",
+        )
+
+
+def _image_turn(images: list[Image], low: Lowering) -> ChatMessage:
+    """The user turn that carries images moved off a turn templates show no images on."""
+    return ChatMessage("user", "\n".join(low.marker for _ in images), images=images)
+
+
+def lower_message(role: str, content: Any, param: str, low: Lowering) -> list[ChatMessage]:
+    """A message's content → its turn, plus a following user turn holding its images when
+    the role is not `user` (chat templates place images on user turns only). On a user turn
+    each image stays where it was, as one `low.marker` between the texts."""
+    _check_content(content, param)
+    if isinstance(content, str):
+        return [ChatMessage(role, content)]
+    pieces, _ = _parts(content, param, low, keep_unknown=False)
+    images = [piece for piece in pieces if isinstance(piece, Image)]
+    if role == "user":
+        text = "\n".join(low.marker if isinstance(piece, Image) else piece for piece in pieces)
+        return [ChatMessage(role, text, images=images)]
+    text = "\n".join(piece for piece in pieces if isinstance(piece, str))
+    turns = [ChatMessage(role, text)]
+    if images:
+        turns.append(_image_turn(images, low))
+    return turns
+
+
+def lower_tool_output(output: Any, param: str, low: Lowering) -> tuple[str, list[ChatMessage]]:
+    """A tool result → (the tool turn's text, the user image turn that must follow it).
+
+    A string is the text as it is. An array: text parts (and files, as text) joined with
+    newlines; parts of no known type appended as one line of JSON; images moved, in order, to
+    the following user turn, the text ending with `ATTACHED_LINE`."""
+    _check_content(output, param)
+    if isinstance(output, str):
+        return output, []
+    pieces, unknown = _parts(output, param, low, keep_unknown=True)
+    lines = [piece for piece in pieces if isinstance(piece, str)]
+    images = [piece for piece in pieces if isinstance(piece, Image)]
+    if unknown:
+        lines.append(json.dumps(unknown, separators=(",", ":"), ensure_ascii=False))
+    if images:
+        lines.append(ATTACHED_LINE)
+    return "\n".join(lines), [_image_turn(images, low)] if images else []
+
+
+def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
+    """Reject a conversation with nothing in it for the model to answer."""
+    if not any(m.content.strip() or m.tool_calls or m.reasoning or m.images for m in messages):
+        raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)

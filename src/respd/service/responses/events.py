@@ -1,0 +1,467 @@
+"""The one event state machine of a response.
+
+It emits every typed SSE event, numbered from 0, AND builds the final `Response`. Streaming
+and non-streaming requests drive the same machine, so the ids, order and content a client
+sees are identical whichever way it asked. Events and objects are the `openai` SDK's own
+pydantic types, so a field we misspell fails here, not in a client.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionToolCall,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseQueuedEvent,
+    ResponseReasoningItem,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+)
+from pydantic import BaseModel
+
+from respd.engines.base import TokenLogprob
+from respd.service.generation.logprobs import logprob_json
+from respd.service.generation.output import (
+    ArgumentsDelta,
+    CallStarted,
+    Finished,
+    OutputEvent,
+    ReasoningDelta,
+    TextDelta,
+    Usage,
+)
+from respd.service.ids import new_id
+
+Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    """Responses' `usage` object."""
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+
+
+TextKind = Literal["message", "reasoning"]
+
+
+@dataclass
+class _OpenText:
+    """A message or reasoning item being written: one content part that grows by deltas."""
+
+    kind: TextKind
+    id: str
+    output_index: int
+    text: str = ""
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # message text only
+
+    def part(self) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return {"type": "reasoning_text", "text": self.text}
+        return {
+            "type": "output_text",
+            "text": self.text,
+            "annotations": [],
+            "logprobs": list(self.logprobs),
+        }
+
+    def item(self, status: str, *, empty: bool = False) -> dict[str, Any]:
+        """The item; `empty`: as `output_item.added` announces it, before any part."""
+        content = [] if empty else [self.part()]
+        if self.kind == "reasoning":
+            return {
+                "id": self.id,
+                "type": "reasoning",
+                "summary": [],
+                "content": content,
+                "status": status,
+            }
+        return {
+            "id": self.id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+
+# Per kind: the event type prefix, the delta and done event classes, the finished item's class.
+_TEXT_EVENTS: dict[TextKind, tuple[str, type[BaseModel], type[BaseModel], type[BaseModel]]] = {
+    "message": (
+        "response.output_text",
+        ResponseTextDeltaEvent,
+        ResponseTextDoneEvent,
+        ResponseOutputMessage,
+    ),
+    "reasoning": (
+        "response.reasoning_text",
+        ResponseReasoningTextDeltaEvent,
+        ResponseReasoningTextDoneEvent,
+        ResponseReasoningItem,
+    ),
+}
+_ID_PREFIX: dict[TextKind, str] = {"message": "msg", "reasoning": "rs"}
+
+
+@dataclass
+class _OpenCall:
+    id: str
+    call_id: str
+    name: str
+    output_index: int
+    arguments: str = ""
+
+    def item(self, status: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function_call",
+            "status": status,
+            "arguments": self.arguments,
+            "call_id": self.call_id,
+            "name": self.name,
+        }
+
+
+@dataclass
+class ResponseEventMachine:
+    """Drives one response from `created` to its terminal event.
+
+    `echo` holds the request settings the Response object repeats (instructions, model,
+    temperature, tools, ...); see `service/responses.py` for how it is built.
+    """
+
+    echo: dict[str, Any]
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    status: Status = "in_progress"
+    output: list[dict[str, Any]] = field(default_factory=list)
+    usage: Usage | None = None
+    error: dict[str, Any] | None = None
+    incomplete_reason: str | None = None
+    completed_at: int | None = None
+    generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
+    _seq: int = 0
+    _text: _OpenText | None = None  # the message or reasoning item being written
+    _call: _OpenCall | None = None
+    _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
+
+    # -- snapshots ------------------------------------------------------------------------
+
+    def snapshot(self) -> Response:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "completed_at": self.completed_at,
+            "error": self.error,
+            "incomplete_details": (
+                {"reason": self.incomplete_reason} if self.incomplete_reason else None
+            ),
+            "output": self._output_so_far(),
+            "usage": usage_json(self.usage) if self.usage else None,
+        }
+        body.update(self.echo)
+        return Response.model_validate(body)
+
+    def _output_so_far(self) -> list[dict[str, Any]]:
+        """Output items, with the text of a message or reasoning item still being written
+        (a live poll)."""
+        output = list(self.output)
+        if self._text is not None:
+            output[self._text.output_index] = self._text.item("in_progress")
+        return output
+
+    def _event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
+        event = cls.model_validate({**fields, "sequence_number": self._seq})
+        self._seq += 1
+        return event  # type: ignore[return-value]
+
+    # -- transitions ----------------------------------------------------------------------
+
+    @property
+    def sequence_number(self) -> int:
+        """The number the next event will carry."""
+        return self._seq
+
+    def start(self) -> list[ResponseStreamEvent]:
+        """`created` (+ `queued` for a background response, which starts out queued), then
+        `in_progress`."""
+        snap = self.snapshot()
+        events = [self._event(ResponseCreatedEvent, type="response.created", response=snap)]
+        if self.status == "queued":
+            events.append(self._event(ResponseQueuedEvent, type="response.queued", response=snap))
+            self.status = "in_progress"
+            snap = self.snapshot()
+        events.append(
+            self._event(ResponseInProgressEvent, type="response.in_progress", response=snap)
+        )
+        return events
+
+    def _open_text(self, kind: TextKind) -> list[ResponseStreamEvent]:
+        """Close whatever is open, then announce a new item of `kind` and its part."""
+        events = self._close_open("completed")
+        t = _OpenText(kind, new_id(_ID_PREFIX[kind]), len(self.output))
+        self._text = t
+        item = t.item("in_progress", empty=True)
+        self.output.append(item)
+        events += [
+            self._event(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=t.output_index,
+                item=item,
+            ),
+            self._event(
+                ResponseContentPartAddedEvent,
+                type="response.content_part.added",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                part=t.part(),
+            ),
+        ]
+        return events
+
+    def _text_delta(
+        self, kind: TextKind, delta: str, logprobs: list[dict[str, Any]]
+    ) -> list[ResponseStreamEvent]:
+        events = [] if self._text is not None and self._text.kind == kind else self._open_text(kind)
+        t = self._text
+        assert t is not None
+        t.text += delta
+        prefix, delta_cls, _, _ = _TEXT_EVENTS[kind]
+        extra: dict[str, Any] = {"logprobs": logprobs} if kind == "message" else {}
+        t.logprobs += logprobs
+        events.append(
+            self._event(
+                delta_cls,
+                type=f"{prefix}.delta",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                delta=delta,
+                **extra,
+            )
+        )
+        return events
+
+    def _close_text(self, item_status: str) -> list[ResponseStreamEvent]:
+        t = self._text
+        assert t is not None
+        self._text = None
+        item = t.item(item_status)
+        self.output[t.output_index] = item
+        prefix, _, done_cls, item_cls = _TEXT_EVENTS[t.kind]
+        extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}
+        return [
+            self._event(
+                done_cls,
+                type=f"{prefix}.done",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                text=t.text,
+                **extra,
+            ),
+            self._event(
+                ResponseContentPartDoneEvent,
+                type="response.content_part.done",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                part=t.part(),
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=t.output_index,
+                item=item_cls.model_validate(item),
+            ),
+        ]
+
+    def output_text(
+        self, delta: str, logprobs: list[TokenLogprob] | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Message text; `logprobs`: those of the tokens that produced it (tokens that have
+        produced no text yet, an incomplete UTF-8 character, wait for the next delta)."""
+        if logprobs:
+            self._held_logprobs += [logprob_json(lp) for lp in logprobs]
+        if not delta:
+            return []
+        held, self._held_logprobs = self._held_logprobs, []
+        return self._text_delta("message", delta, held)
+
+    def reasoning_text(self, delta: str) -> list[ResponseStreamEvent]:
+        """Thinking text: a `reasoning` item ahead of the answer, streamed as
+        `response.reasoning_text.delta` (never `output_text`)."""
+        return self._text_delta("reasoning", delta, []) if delta else []
+
+    def _close_open(self, status: str) -> list[ResponseStreamEvent]:
+        if self._text is not None:
+            return self._close_text(status)
+        if self._call is not None:
+            return self.function_call_done(self._call.arguments, complete=status == "completed")
+        return []
+
+    # -- function calls -------------------------------------------------------------------
+
+    def function_call_start(self, name: str) -> list[ResponseStreamEvent]:
+        """A call begins: any text before it is closed as its own message item."""
+        events = self._close_open("completed")
+        call = _OpenCall(new_id("fc"), new_id("call"), name, len(self.output))
+        self._call = call
+        item = call.item("in_progress")
+        self.output.append(item)
+        events.append(
+            self._event(
+                ResponseOutputItemAddedEvent,
+                type="response.output_item.added",
+                output_index=call.output_index,
+                item=item,
+            )
+        )
+        return events
+
+    def function_call_arguments(self, delta: str) -> list[ResponseStreamEvent]:
+        call = self._call
+        if call is None or not delta:
+            return []
+        call.arguments += delta
+        return [
+            self._event(
+                ResponseFunctionCallArgumentsDeltaEvent,
+                type="response.function_call_arguments.delta",
+                item_id=call.id,
+                output_index=call.output_index,
+                delta=delta,
+            )
+        ]
+
+    def function_call_done(self, arguments: str, *, complete: bool) -> list[ResponseStreamEvent]:
+        call = self._call
+        if call is None:
+            return []
+        events = []
+        if arguments != call.arguments and arguments.startswith(call.arguments):
+            events += self.function_call_arguments(arguments[len(call.arguments) :])
+        self._call = None
+        item = call.item("completed" if complete else "incomplete")
+        self.output[call.output_index] = item
+        events += [
+            self._event(
+                ResponseFunctionCallArgumentsDoneEvent,
+                type="response.function_call_arguments.done",
+                item_id=call.id,
+                output_index=call.output_index,
+                arguments=call.arguments,
+                name=call.name,  # required by older SDKs (3.3.x), harmless for newer
+            ),
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=call.output_index,
+                item=ResponseFunctionToolCall.model_validate(item),
+            ),
+        ]
+        return events
+
+    def apply(self, event: OutputEvent) -> list[ResponseStreamEvent]:
+        """Drive the machine from one generation event (thinking first, then the answer's
+        text and calls)."""
+        if isinstance(event, ReasoningDelta):
+            return self.reasoning_text(event.text)
+        events: list[ResponseStreamEvent] = []
+        if self._text is not None and self._text.kind == "reasoning":
+            events += self._close_text("completed")  # the answer begins: thinking is over
+        if isinstance(event, TextDelta):
+            events += self.output_text(event.text, event.logprobs)
+        elif isinstance(event, CallStarted):
+            events += self.function_call_start(event.name)
+        elif isinstance(event, ArgumentsDelta):
+            events += self.function_call_arguments(event.delta)
+        else:
+            events += self.function_call_done(event.arguments, complete=event.complete)
+        return events
+
+    def apply_all(self, events: list[OutputEvent]) -> list[ResponseStreamEvent]:
+        return [out for event in events for out in self.apply(event)]
+
+    def end(self, finished: Finished) -> list[ResponseStreamEvent]:
+        """The terminal events for how the generation ended."""
+        if finished.reason == "error":
+            return self.fail("The model failed while generating this response.")
+        if finished.reason == "cancelled":
+            return self.cancel(usage=finished.usage)
+        if finished.reason == "length":
+            return self.finish(usage=finished.usage, incomplete_reason="max_output_tokens")
+        return self.finish(usage=finished.usage)
+
+    def finish(
+        self, *, usage: Usage, incomplete_reason: str | None = None
+    ) -> list[ResponseStreamEvent]:
+        """Close open items and emit `response.completed` or `response.incomplete`."""
+        self.usage = usage
+        item_status = "incomplete" if incomplete_reason else "completed"
+        events = self._close_open(item_status)
+        # An empty answer is still one (empty) message; a budget spent while thinking
+        # leaves only the (incomplete) reasoning item.
+        answered = any(o["type"] != "reasoning" for o in self.output)
+        if not self.output or not (answered or incomplete_reason):
+            events += self._open_text("message") + self._close_text(item_status)
+        if incomplete_reason:
+            self.status = "incomplete"
+            self.incomplete_reason = incomplete_reason
+            events.append(
+                self._event(
+                    ResponseIncompleteEvent, type="response.incomplete", response=self.snapshot()
+                )
+            )
+        else:
+            self.status = "completed"
+            self.completed_at = int(time.time())
+            events.append(
+                self._event(
+                    ResponseCompletedEvent, type="response.completed", response=self.snapshot()
+                )
+            )
+        return events
+
+    def fail(self, message: str, *, code: str = "server_error") -> list[ResponseStreamEvent]:
+        """Close open items as incomplete and emit `response.failed`."""
+        events = self._close_open("incomplete")
+        self.status = "failed"
+        self.error = {"code": code, "message": message}
+        events.append(
+            self._event(ResponseFailedEvent, type="response.failed", response=self.snapshot())
+        )
+        return events
+
+    def cancel(self, *, usage: Usage) -> list[ResponseStreamEvent]:
+        """Generation stopped on request: keep partial output, status `cancelled`."""
+        self.usage = usage
+        events = self._close_open("incomplete")
+        self.status = "cancelled"
+        return events

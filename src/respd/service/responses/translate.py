@@ -1,0 +1,201 @@
+"""Responses API input items → the canonical conversation (a list of `ChatMessage`).
+
+Errors name the exact path of the offending value (`input[2].content[0].type`), as OpenAI's
+do. Content parts lower through `media/lowering.py`, as Chat Completions' do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from respd.engines.base import ChatMessage, ToolCall
+from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
+from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
+
+MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+# Item types that a later piece of work implements; until then they are a named 400.
+_NOT_YET_ITEMS = {
+    "item_reference": "stored items",
+    "compaction": "compaction",
+}
+
+
+def _role(value: Any, param: str) -> str:
+    if value not in MESSAGE_ROLES:
+        raise InvalidRequest(
+            f"Invalid value for '{param}': expected one of {', '.join(MESSAGE_ROLES)}, "
+            f"got {value!r}.",
+            param=param,
+            code="invalid_value",
+        )
+    # Templates know system, user and assistant; developer is OpenAI's new name for system.
+    return "system" if value == "developer" else value
+
+
+def check_item_shapes(items: Any, prefix: str = "input") -> None:
+    """Each item an object whose `type`, when given, is a string: checked before anything
+    (media resolution included) reads the items."""
+    if items is None or isinstance(items, str):
+        return
+    if not isinstance(items, list):
+        raise InvalidRequest(
+            f"Invalid type for '{prefix}': expected a string or an array of input items.",
+            param=prefix,
+            code="invalid_type",
+        )
+    for i, item in enumerate(items):
+        param = f"{prefix}[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(
+                f"Invalid type for '{param}': expected an object.", param=param, code="invalid_type"
+            )
+        if "type" in item and not isinstance(item["type"], str):
+            raise InvalidRequest(
+                f"Invalid type for '{param}.type': expected a string.",
+                param=f"{param}.type",
+                code="invalid_type",
+            )
+
+
+def input_to_messages(
+    items: str | list[dict[str, Any]] | None,
+    *,
+    lowering: Lowering,
+    prior: list[ChatMessage] | None = None,
+    prefix: str = "input",
+) -> list[ChatMessage]:
+    """Translate the Responses `input` field. `prior` is the history it continues (from
+    `previous_response_id` or a conversation): a `function_call_output` may answer a call
+    made there. `lowering` carries the media the resolution pass found (`media/resolver.py`)
+    and the model's image capability."""
+    low = lowering
+    check_item_shapes(items, prefix)
+    if items is None:
+        return []
+    if isinstance(items, str):
+        return [ChatMessage("user", items)]
+    messages: list[ChatMessage] = []
+    for i, item in enumerate(items):
+        param = f"{prefix}[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            if "role" not in item:
+                raise MissingParameter(f"{param}.role")
+            if "content" not in item:
+                raise MissingParameter(f"{param}.content")
+            role = _role(item["role"], f"{param}.role")
+            messages += lower_message(role, item["content"], f"{param}.content", low)
+        elif kind == "function_call":
+            _function_call(item, param, messages)
+        elif kind == "function_call_output":
+            _function_call_output(item, param, messages, low=low, prior=prior or [])
+        elif kind == "reasoning":
+            messages.append(ChatMessage(_REASONING, "", reasoning=_reasoning_text(item, param)))
+        elif kind in _NOT_YET_ITEMS:
+            raise Unsupported(
+                f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
+                "this server yet.",
+                param=f"{param}.type",
+            )
+        else:
+            raise InvalidRequest(
+                f"Invalid value for '{param}.type': {kind!r} is not a supported input item type.",
+                param=f"{param}.type",
+                code="invalid_value",
+            )
+    return _attach_reasoning(messages)
+
+
+def _required_str(item: dict[str, Any], key: str, param: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise MissingParameter(f"{param}.{key}")
+    return value
+
+
+def _function_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    """An earlier call by the assistant; consecutive calls share one assistant turn."""
+    arguments = item.get("arguments")
+    call = ToolCall(
+        _required_str(item, "call_id", param),
+        _required_str(item, "name", param),
+        arguments if isinstance(arguments, str) else "{}",
+    )
+    last = messages[-1] if messages else None
+    if last is not None and last.role == "assistant" and (last.tool_calls or not last.content):
+        last.tool_calls.append(call)
+    else:
+        messages.append(ChatMessage("assistant", "", tool_calls=[call]))
+
+
+def _function_call_output(
+    item: dict[str, Any],
+    param: str,
+    messages: list[ChatMessage],
+    *,
+    low: Lowering,
+    prior: list[ChatMessage],
+) -> None:
+    call_id = _required_str(item, "call_id", param)
+    calls = {c.id: c for m in (*prior, *messages) for c in m.tool_calls}
+    if call_id not in calls:
+        raise InvalidRequest(
+            f"No tool call found for function call output with call_id {call_id}.",
+            param=f"{param}.call_id",
+            code="invalid_value",
+        )
+    if "output" not in item:
+        raise MissingParameter(f"{param}.output")
+    output, image_turns = lower_tool_output(item["output"], f"{param}.output", low)
+    messages.append(ChatMessage("tool", output, tool_call_id=call_id, name=calls[call_id].name))
+    messages += image_turns
+
+
+_REASONING = "reasoning"  # a placeholder turn, folded by `_attach_reasoning`
+
+
+def _reasoning_text(item: dict[str, Any], param: str) -> str:
+    """The text of a `reasoning` item: its `reasoning_text` content, else its summary."""
+    texts: list[str] = []
+    for key, kinds in (("content", ("reasoning_text", "text")), ("summary", ("summary_text",))):
+        parts = item.get(key)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise InvalidRequest(
+                f"Invalid type for '{param}.{key}': expected an array of content parts.",
+                param=f"{param}.{key}",
+                code="invalid_type",
+            )
+        for j, part in enumerate(parts):
+            p = f"{param}.{key}[{j}]"
+            if not isinstance(part, dict) or part.get("type") not in kinds:
+                raise InvalidRequest(
+                    f"Invalid value for '{p}.type': expected {' or '.join(map(repr, kinds))}.",
+                    param=f"{p}.type",
+                    code="invalid_value",
+                )
+            if not isinstance(part.get("text"), str):
+                raise MissingParameter(f"{p}.text")
+        if key == "summary" and texts:
+            break  # the raw reasoning wins over its summary
+        texts += [part["text"] for part in parts]
+    return "\n".join(texts)
+
+
+def _attach_reasoning(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """Reasoning items belong to the assistant turn that follows them (its `reasoning`, the
+    template's `reasoning_content`); one with no assistant turn after it before the next
+    user, system or tool turn (or the end of the input) is dropped from the prompt."""
+    out: list[ChatMessage] = []
+    buffered: list[str] = []
+    for m in messages:
+        if m.role == _REASONING:
+            if m.reasoning:
+                buffered.append(m.reasoning)
+            continue
+        if m.role == "assistant" and buffered:
+            m.reasoning = "\n".join([*buffered, *([m.reasoning] if m.reasoning else [])])
+        buffered = []
+        out.append(m)
+    return out

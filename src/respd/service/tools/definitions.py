@@ -1,0 +1,209 @@
+"""Function tools and `tool_choice`, read from either API into one shape.
+
+Responses writes a tool as `{"type":"function","name",...}` and a named choice as
+`{"type":"function","name"}`; Chat Completions nests both under `"function"`. Both become
+`ToolDefinition`s and a `ToolPolicy`, so everything downstream is shared. Every refusal is
+a 400 naming the offending parameter. `check` is the engine's schema check: parameters it
+cannot enforce are refused here, before anything is built.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from respd.engines.base import ToolDefinition
+from respd.engines.constraints import SchemaRejected
+from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
+
+SchemaCheck = Callable[[dict[str, Any]], None]
+
+NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+Mode = Literal["auto", "none", "required"]
+
+
+@dataclass(frozen=True)
+class ToolPolicy:
+    """What the model may do with the tools: `allowed` narrows the offered set."""
+
+    mode: Mode = "auto"
+    allowed: tuple[str, ...] | None = None
+    parallel: bool = True
+    max_calls: int | None = None
+
+    def call_cap(self) -> int | None:
+        cap = self.max_calls
+        if not self.parallel:
+            cap = 1 if cap is None else min(cap, 1)
+        return cap
+
+
+def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, param=param, code=code)
+
+
+def _function_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> ToolDefinition:
+    name = fields.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _bad(
+            f"Invalid '{param}.name': a function name must be 1-64 characters of a-z, A-Z, "
+            f"0-9, '_' or '-', got {name!r}.",
+            f"{param}.name",
+        )
+    parameters = fields.get("parameters")
+    if parameters is not None:
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise _bad(
+                f"Invalid schema for function '{name}': the parameters must be a JSON Schema "
+                "of type 'object'.",
+                f"{param}.parameters",
+                "invalid_function_parameters",
+            )
+        try:
+            check(parameters)
+        except SchemaRejected as exc:
+            raise _bad(
+                f"Invalid schema for function '{name}': {exc}.",
+                f"{param}.parameters",
+                "invalid_function_parameters",
+            ) from exc
+    description = fields.get("description")
+    strict = fields.get("strict")
+    return ToolDefinition(
+        name,
+        description if isinstance(description, str) else None,
+        parameters,
+        strict if isinstance(strict, bool) else None,
+    )
+
+
+def _check_unique(tools: list[ToolDefinition], param: str) -> list[ToolDefinition]:
+    seen: set[str] = set()
+    for i, t in enumerate(tools):
+        if t.name in seen:
+            raise _bad(f"Duplicate function name '{t.name}' in '{param}'.", f"{param}[{i}].name")
+        seen.add(t.name)
+    return tools
+
+
+def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> list[ToolDefinition]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        param = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise _bad(f"Invalid type for '{param}': expected an object.", param, "invalid_type")
+        kind = tool.get("type")
+        if kind != "function":
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server; only 'function' "
+                "tools are.",
+                param=f"{param}.type",
+            )
+        out.append(_function_tool(tool, param, check))
+    return _check_unique(out, "tools")
+
+
+def chat_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> list[ToolDefinition]:
+    out = []
+    for i, tool in enumerate(tools or []):
+        param = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server; only 'function' "
+                "tools are.",
+                param=f"{param}.type",
+            )
+        fn = tool.get("function")
+        if not isinstance(fn, dict):
+            raise MissingParameter(f"{param}.function")
+        out.append(_function_tool(fn, f"{param}.function", check))
+    return _check_unique(out, "tools")
+
+
+def _declared(name: Any, tools: list[ToolDefinition], param: str) -> str:
+    if not isinstance(name, str) or name not in {t.name for t in tools}:
+        declared = ", ".join(t.name for t in tools) or "none"
+        raise _bad(
+            f"Invalid '{param}': tool choice names function {name!r}, which is not in 'tools' "
+            f"(declared: {declared}).",
+            param,
+        )
+    return name
+
+
+def _string_choice(choice: str, tools: list[ToolDefinition]) -> Mode:
+    if choice not in ("auto", "none", "required"):
+        raise _bad(
+            f"Invalid value for 'tool_choice': {choice!r}. Expected 'none', 'auto', "
+            "'required' or an object.",
+            "tool_choice",
+        )
+    if choice == "required" and not tools:
+        raise _bad("tool_choice 'required' needs at least one tool in 'tools'.", "tool_choice")
+    return choice  # type: ignore[return-value]
+
+
+def _allowed(
+    mode: Any, entries: Any, tools: list[ToolDefinition], param: str, *, nested: bool
+) -> ToolPolicy:
+    if mode not in ("auto", "required"):
+        raise _bad(
+            f"Invalid value for '{param}.mode': expected 'auto' or 'required'.", f"{param}.mode"
+        )
+    if not isinstance(entries, list) or not entries:
+        raise _bad(f"'{param}.tools' must be a non-empty array.", f"{param}.tools")
+    names = []
+    for j, entry in enumerate(entries):
+        p = f"{param}.tools[{j}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind != "function":
+            raise Unsupported(
+                f"Allowed tools of type '{kind}' are not supported.", param=f"{p}.type"
+            )
+        fn = entry.get("function") if nested else entry
+        name = fn.get("name") if isinstance(fn, dict) else None
+        names.append(_declared(name, tools, f"{p}.name"))
+    return ToolPolicy(mode=mode, allowed=tuple(names))
+
+
+def responses_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
+    if choice is None:
+        return ToolPolicy()
+    if isinstance(choice, str):
+        return ToolPolicy(mode=_string_choice(choice, tools))
+    kind = choice.get("type")
+    if kind == "function":
+        return ToolPolicy("required", (_declared(choice.get("name"), tools, "tool_choice.name"),))
+    if kind == "allowed_tools":
+        return _allowed(choice.get("mode"), choice.get("tools"), tools, "tool_choice", nested=False)
+    raise Unsupported(
+        f"tool_choice of type '{kind}' is not supported; only function tools are.",
+        param="tool_choice.type",
+    )
+
+
+def chat_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
+    if choice is None:
+        return ToolPolicy()
+    if isinstance(choice, str):
+        return ToolPolicy(mode=_string_choice(choice, tools))
+    kind = choice.get("type")
+    if kind == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        return ToolPolicy("required", (_declared(name, tools, "tool_choice.function.name"),))
+    if kind == "allowed_tools":
+        spec = choice.get("allowed_tools")
+        if not isinstance(spec, dict):
+            raise MissingParameter("tool_choice.allowed_tools")
+        return _allowed(
+            spec.get("mode"), spec.get("tools"), tools, "tool_choice.allowed_tools", nested=True
+        )
+    raise Unsupported(
+        f"tool_choice of type '{kind}' is not supported; only function tools are.",
+        param="tool_choice.type",
+    )

@@ -1,0 +1,100 @@
+"""Integration fixtures: shared real servers (the default model), one per store kind, one
+per tool-template family. Tests share them wherever they can: each start costs seconds."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    """The shared server: default model, a 2048-token window so overflow tests stay cheap."""
+    srv = start_server(tmp_path_factory.mktemp("respd"), "--ctx-size", "2048", "--threads", "2")
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture()
+def client(server: RespdServer) -> openai.OpenAI:
+    return server.client()
+
+
+@pytest.fixture()
+def http(server: RespdServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base_url, timeout=120) as c:
+        yield c
+
+
+# -- stateful servers: one per store, each on its own data dir --------------------------------
+
+
+@pytest.fixture(scope="session", params=["sqlite", "memory"])
+def stateful_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RespdServer]:
+    """A server per store kind; tests using it run against both."""
+    tmp = tmp_path_factory.mktemp(f"respd-{request.param}")
+    srv = start_server(
+        tmp,
+        "--store",
+        request.param,
+        "--data-dir",
+        str(tmp / "data"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture()
+def sclient(stateful_server: RespdServer) -> openai.OpenAI:
+    return stateful_server.client()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Servers started without --data-dir keep their state under tmp, never in ~/.local."""
+    previous = os.environ.get("RESPD_DATA_DIR")
+    os.environ["RESPD_DATA_DIR"] = str(tmp_path_factory.mktemp("respd-data"))
+    yield
+    if previous is None:
+        os.environ.pop("RESPD_DATA_DIR", None)
+    else:
+        os.environ["RESPD_DATA_DIR"] = previous
+
+
+# -- tool-template servers: the default model with a tool-capable template --------------------
+
+
+@pytest.fixture(scope="session", params=TOOL_FAMILIES)
+def family_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RespdServer]:
+    """The default model served with a tool-capable chat template of one family
+    (tests/templates/<family>.jinja); the grammar keeps forced calls well-formed whatever
+    the weights were trained on."""
+    family = request.param
+    srv = start_server(
+        tmp_path_factory.mktemp(f"respd-{family}"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        "--chat-template",
+        str(TEMPLATES / f"{family}.jinja"),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()

@@ -1,0 +1,381 @@
+"""Function tools on `/v1/responses` against a real server and the real `openai` SDK.
+
+The default server uses SmolLM2's plain ChatML template, so tools go through the generic
+system-prompt format; `family_server` serves the same weights with Qwen-, Llama-3- and
+Mistral-style templates. Forced calls are grammar-enforced, so they must be well-formed and
+schema-valid on every seed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+from openai.types.responses import Response, ResponseFunctionToolCall
+
+from tests.sdk_types import strict_event, strict_response
+from tests.servers import MODEL_ID, RespdServer
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TIME = {
+    "type": "function",
+    "name": "get_time",
+    "description": "Current time in a time zone.",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
+        "required": ["zone"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+STOCK = {
+    "type": "function",
+    "name": "get_stock",
+    "description": "Stock price of a ticker.",
+    "parameters": {
+        "type": "object",
+        "properties": {"ticker": {"type": "string", "maxLength": 6}, "days": {"type": "integer"}},
+        "required": ["ticker", "days"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+TOOLS = [WEATHER, TIME, STOCK]
+SCHEMAS = {t["name"]: t["parameters"] for t in TOOLS}
+PROMPT = "What is the weather in Paris right now?"
+
+
+def calls_of(r: Response) -> list[ResponseFunctionToolCall]:
+    return [o for o in r.output if o.type == "function_call"]
+
+
+def assert_valid_call(call: ResponseFunctionToolCall, allowed: set[str]) -> dict[str, Any]:
+    assert call.name in allowed
+    assert call.id and call.id.startswith("fc_")
+    assert call.call_id.startswith("call_")
+    assert call.status == "completed"
+    args = json.loads(call.arguments)
+    jsonschema.validate(args, SCHEMAS[call.name])
+    return dict(args)
+
+
+def create(client: openai.OpenAI, **kw: Any) -> Response:
+    kw.setdefault("max_output_tokens", 80)
+    r = client.responses.with_raw_response.create(model=MODEL_ID, **kw)
+    return strict_response(json.loads(r.text))
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_stock"}])
+def test_forced_calls_are_schema_valid_on_20_seeds(
+    client: openai.OpenAI, choice: str | dict[str, str]
+) -> None:
+    allowed = {"get_stock"} if isinstance(choice, dict) else set(SCHEMAS)
+    for seed in range(20):
+        r = create(
+            client,
+            input=PROMPT,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
+        assert r.status == "completed", (seed, r.output)
+        calls = calls_of(r)
+        assert len(calls) == 1, (seed, r.output)
+        assert_valid_call(calls[0], allowed)
+        assert r.output == calls, "a forced call answers with the call only"
+        assert r.tool_choice == (choice if isinstance(choice, str) else r.tool_choice)
+
+
+def test_template_families_force_valid_calls(family_server: RespdServer) -> None:
+    client = family_server.client()
+    for seed in range(20):
+        choice: Any = "required" if seed % 2 else {"type": "function", "name": "get_weather"}
+        r = create(
+            client,
+            input=PROMPT,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            temperature=1.0,
+            extra_body={"seed": seed},
+        )
+        calls = calls_of(r)
+        assert r.status == "completed" and len(calls) == 1, (family_server.args, seed, r.output)
+        assert_valid_call(calls[0], set(SCHEMAS) if seed % 2 else {"get_weather"})
+
+
+def test_template_family_round_trip(family_server: RespdServer) -> None:
+    client = family_server.client()
+    first = create(
+        client, input=PROMPT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False
+    )
+    call = calls_of(first)[0]
+    second = create(
+        client,
+        input=[
+            {"role": "user", "content": PROMPT},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {
+                "type": "function_call_output",
+                "call_id": call.call_id,
+                "output": "Sunny, 21 degrees.",
+            },
+        ],
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=20,
+    )
+    assert not calls_of(second)
+    assert [o.type for o in second.output] == ["message"]
+    # the call and its output reached the prompt through the template's tool support
+    bare = create(client, input=PROMPT, tools=[WEATHER], tool_choice="none", max_output_tokens=1)
+    assert second.usage and bare.usage
+    assert second.usage.input_tokens > bare.usage.input_tokens + 10
+
+
+def test_streamed_arguments_arrive_while_generated(client: openai.OpenAI) -> None:
+    kw: dict[str, Any] = {
+        "model": MODEL_ID,
+        "input": PROMPT,
+        "tools": TOOLS,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "parallel_tool_calls": False,
+        "max_output_tokens": 80,
+        "stream": True,
+    }
+    with client.responses.with_streaming_response.create(**kw) as raw:
+        events = [
+            strict_event(json.loads(line[6:]))
+            for line in raw.iter_lines()
+            if line.startswith("data: ")
+        ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    added = events[2]
+    assert added.type == "response.output_item.added"
+    assert added.item.type == "function_call" and added.item.name == "get_weather"
+    assert added.item.arguments == "" and added.item.status == "in_progress"
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 3, "arguments must stream as they are generated"
+    assert all(d.item_id == added.item.id and d.output_index == 0 for d in deltas)
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert "".join(d.delta for d in deltas) == done.arguments  # type: ignore[union-attr]
+    item_done = next(e for e in events if e.type == "response.output_item.done")
+    assert item_done.item.id == added.item.id  # type: ignore[union-attr]
+    assert item_done.item.arguments == done.arguments  # type: ignore[union-attr]
+    assert types[-1] == "response.completed"
+    final = events[-1].response  # type: ignore[union-attr]
+    assert final.output[0].arguments == done.arguments
+    assert_valid_call(final.output[0], {"get_weather"})
+    assert "response.content_part.added" not in types
+
+
+def test_sdk_stream_helper_accumulates_function_calls(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model=MODEL_ID,
+        input=PROMPT,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=80,
+    ) as stream:
+        snapshots = [
+            e.snapshot for e in stream if e.type == "response.function_call_arguments.delta"
+        ]
+        final = stream.get_final_response()
+    call = final.output[0]
+    assert isinstance(call, ResponseFunctionToolCall)
+    assert snapshots and snapshots[-1] == call.arguments
+    assert_valid_call(call, {"get_weather"})
+
+
+def test_allowed_tools_restricts_the_choice(client: openai.OpenAI) -> None:
+    choice = {
+        "type": "allowed_tools",
+        "mode": "required",
+        "tools": [{"type": "function", "name": "get_time"}],
+    }
+    for seed in range(6):
+        r = create(
+            client,
+            input=PROMPT,
+            tools=TOOLS,
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            extra_body={"seed": seed},
+        )
+        calls = calls_of(r)
+        assert len(calls) == 1
+        assert_valid_call(calls[0], {"get_time"})
+
+
+def test_tool_choice_none_never_calls(client: openai.OpenAI) -> None:
+    for seed in range(6):
+        r = create(
+            client,
+            input="Call get_weather for Paris. Reply only with the <tool_call> block.",
+            tools=TOOLS,
+            tool_choice="none",
+            max_output_tokens=40,
+            extra_body={"seed": seed},
+        )
+        assert not calls_of(r)
+        assert all(o.type == "message" for o in r.output)
+
+
+def test_parallel_calls_and_max_tool_calls(client: openai.OpenAI) -> None:
+    counts = []
+    for seed in range(4):
+        r = create(
+            client,
+            input="Weather in Paris, Rome and Oslo?",
+            tools=TOOLS,
+            tool_choice="required",
+            max_tool_calls=2,
+            max_output_tokens=120,
+            extra_body={"seed": seed},
+        )
+        calls = calls_of(r)
+        assert 1 <= len(calls) <= 2
+        for c in calls:
+            assert_valid_call(c, set(SCHEMAS))
+        assert len({c.call_id for c in calls}) == len(calls)
+        assert [o.type for o in r.output] == ["function_call"] * len(calls)
+        counts.append(len(calls))
+    assert 2 in counts, "several calls per turn when parallel calls are allowed"
+
+
+def test_round_trip_call_then_output_then_answer(client: openai.OpenAI) -> None:
+    first = create(
+        client, input=PROMPT, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False
+    )
+    call = calls_of(first)[0]
+    items: list[Any] = [
+        {"role": "user", "content": PROMPT},
+        call.model_dump(exclude_none=True),
+        {
+            "type": "function_call_output",
+            "call_id": call.call_id,
+            "output": "It is sunny and 21 degrees celsius.",
+        },
+    ]
+    second = create(
+        client,
+        input=items,
+        tools=[WEATHER],
+        tool_choice="auto",
+        max_output_tokens=30,
+        temperature=0,
+    )
+    assert second.status in ("completed", "incomplete")
+    assert second.output_text or calls_of(second)
+    third = create(
+        client,
+        input=items,
+        tools=[WEATHER],
+        tool_choice="none",
+        max_output_tokens=30,
+        temperature=0,
+    )
+    assert not calls_of(third) and third.output_text.strip()
+
+
+def _error(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 400, r.text
+    err: dict[str, Any] = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error"
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name"),
+        ({"tool_choice": {"type": "function", "name": "get_weather"}}, "tool_choice.name"),
+        (
+            {
+                "tools": TOOLS,
+                "tool_choice": {
+                    "type": "allowed_tools",
+                    "mode": "required",
+                    "tools": [{"type": "function", "name": "nope"}],
+                },
+            },
+            "tool_choice.tools[0].name",
+        ),
+        ({"tools": [], "tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": TOOLS,
+                "tool_choice": "required",
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+                },
+            },
+            "tool_choice",
+        ),
+        ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]}, "tools[1].type"),
+        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
+        ({"tools": [{**WEATHER, "name": "bad name!"}]}, "tools[0].name"),
+        ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
+        (
+            {
+                "tools": [
+                    {
+                        **WEATHER,
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"n": {"type": "integer", "minimum": 1}},
+                        },
+                    }
+                ]
+            },
+            "tools[0].parameters",
+        ),
+        ({"tools": TOOLS, "tool_choice": {"type": "web_search"}}, "tool_choice.type"),
+        ({"tools": TOOLS, "max_tool_calls": 0}, "max_tool_calls"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "hi"}]},
+            "input[0].call_id",
+        ),
+        (
+            {"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]},
+            "input[0].call_id",
+        ),
+    ],
+)
+def test_tool_requests_that_are_400(http: httpx.Client, body: dict[str, Any], param: str) -> None:
+    body.setdefault("input", "hi")
+    err = _error(http.post("/v1/responses", json={"model": MODEL_ID, **body}))
+    assert err["param"] == param, err
+    if "type" in param and "tools[" in param:
+        kind = body["tools"][int(param[6])]["type"]
+        assert kind in err["message"]

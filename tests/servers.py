@@ -1,0 +1,93 @@
+"""Real `respd serve` processes on 127.0.0.1 for integration tests, driven by the real
+`openai` SDK. Servers are subprocesses, exactly as a user starts them."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+
+MODEL_ID = "smollm2-135m-instruct"
+TEMPLATES = Path(__file__).parent / "templates"
+TOOL_FAMILIES = ("qwen", "llama3", "mistral")
+_5XX = re.compile(r'" (5\d\d) ')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RespdServer:
+    """A running `respd serve` subprocess and its log."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url + "/v1", api_key="sk-test", max_retries=0, **kwargs
+        )
+
+    def async_client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key="sk-test", max_retries=0)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def assert_no_5xx(self, *, allow_503: bool = False) -> None:
+        """No 5xx answers and no tracebacks (503 overload answers only where a test asks)."""
+        bad = [
+            line
+            for line in self.log().splitlines()
+            if (m := _5XX.search(line)) and not (allow_503 and m.group(1) == "503")
+        ]
+        assert not bad, "server answered with 5xx:\n" + "\n".join(bad)
+        assert "Traceback" not in self.log(), self.log()[-4000:]
+
+
+def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RespdServer:
+    port = free_port()
+    log_path = tmp_dir / f"respd-{port}.log"
+    cmd = [sys.executable, "-m", "respd", "serve", "--port", str(port), *args]
+    full_env = {**os.environ, **(env or {})}
+    log_file = log_path.open("wb")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
+    server = RespdServer(port, proc, log_path, list(args))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"respd exited with {proc.returncode}:\n{server.log()}")
+        try:
+            if httpx.get(server.base_url + "/health", timeout=1).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"respd did not become healthy:\n{server.log()}")
