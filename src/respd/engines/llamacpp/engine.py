@@ -447,7 +447,6 @@ class LlamaCppEngine:
                 self._pending.clear()
                 for job in jobs:
                     self._finish(job, "error", error=self._worker_error, locked=True)
-            raise
 
     def _loop(self) -> None:
         while True:
