@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +23,8 @@ from respd.service.responses import ResponsesService
 from respd.service.sampling import SamplingDefaults
 from respd.service.stored import StoredResponses
 from respd.store import MemoryStore, Store
+from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
+from respd.store.retention import purge_periodically
 
 
 def create_app(
@@ -31,19 +35,26 @@ def create_app(
     sse_keepalive: float = 15.0,
     media: MediaSettings | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    job_lease_secs: float = DEFAULT_JOB_LEASE_SECS,
+    purge_interval_secs: float = DEFAULT_PURGE_INTERVAL_SECS,
 ) -> FastAPI:
     """Build the app. The store is owned by the app from here on: closed at shutdown."""
     defaults = defaults or SamplingDefaults()
     store = store if store is not None else MemoryStore()
     service = ResponsesService(engine, defaults, store, media)
-    jobs = BackgroundJobs(service, store)
+    jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await jobs.recover()
+        await store.open()
+        await jobs.open()
+        purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
         try:
             yield
         finally:
+            purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purge
             await jobs.shutdown()
             await store.close()
 
