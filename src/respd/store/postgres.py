@@ -450,6 +450,11 @@ class PostgresStore:
                     content,
                 ),
             )
+            # As in SqliteStore.save_file: expired bytes go with the next upload too.
+            await conn.execute(
+                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= %s",
+                (int(self.clock()),),
+            )
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
         async with self._connection() as conn:
