@@ -308,21 +308,21 @@ def test_conversation_items_keep_insertion_order(stores: Stores) -> None:
 def test_files_round_trip_list_and_expire(stores: Stores) -> None:
     async def body(store: Store) -> None:
         now = int(stores.clock.now)
-        await store.save_file(file_rec("file-a"), b"aaa")
+        await store.save_file(file_rec("file-z"), b"aaa")  # upload order, not id order
         await store.save_file(file_rec("file-b", expires_at=now + 60), b"\x00\xff\x01")
-        assert await store.get_file("alice", "file-a") == file_rec("file-a")
+        assert await store.get_file("alice", "file-z") == file_rec("file-z")
         assert await store.file_content("alice", "file-b") == b"\x00\xff\x01"
-        assert [f.id for f in await store.list_files("alice")] == ["file-a", "file-b"]
+        assert [f.id for f in await store.list_files("alice")] == ["file-z", "file-b"]
         assert (await store.stats())["file_bytes"] == 6
         stores.clock.now += 60  # expires_at is exclusive: gone at that second
         assert await store.get_file("alice", "file-b") is None
         assert await store.file_content("alice", "file-b") is None
         assert not await store.delete_file("alice", "file-b")
-        assert [f.id for f in await store.list_files("alice")] == ["file-a"]
+        assert [f.id for f in await store.list_files("alice")] == ["file-z"]
         await store.purge_expired()
         assert (await store.stats())["files"] == 1
-        assert await store.delete_file("alice", "file-a")
-        assert await store.get_file("alice", "file-a") is None
+        assert await store.delete_file("alice", "file-z")
+        assert await store.get_file("alice", "file-z") is None
         assert await store.list_files("alice") == []
 
     run(stores.make(), body)

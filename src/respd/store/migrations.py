@@ -125,6 +125,7 @@ POSTGRES_MIGRATIONS: list[str] = [
     CREATE INDEX conversation_items_conv ON conversation_items(conversation_id, pos);
     CREATE TABLE files (
         id TEXT PRIMARY KEY,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY,  -- upload order within one second
         owner TEXT NOT NULL,
         created_at BIGINT NOT NULL,
         filename TEXT NOT NULL,

@@ -479,7 +479,7 @@ class PostgresStore:
         async with self._connection() as conn:
             cur = await conn.execute(
                 f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = %s AND {_UNEXPIRED} "
-                "ORDER BY created_at, id",
+                "ORDER BY created_at, seq",
                 (owner, int(self.clock())),
             )
             rows = await cur.fetchall()
