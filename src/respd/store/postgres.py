@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -141,7 +142,7 @@ class PostgresStore:
             await self._pool.close()
             self._pool = None
 
-    def _connection(self) -> Any:
+    def _connection(self) -> AbstractAsyncContextManager[Conn]:
         """One pooled connection, one transaction (`async with`)."""
         if self._pool is None:
             raise RuntimeError("PostgresStore.open() was not called")
