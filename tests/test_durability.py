@@ -79,6 +79,7 @@ def test_acknowledged_responses_survive_sigkill_mid_burst(
     for thread in threads:
         thread.join(timeout=60)
     assert not failures, failures
+    first.assert_no_5xx()
 
     second = start_server(tmp_path, *common)  # the store opens cleanly after the kill
     try:
