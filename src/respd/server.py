@@ -12,7 +12,7 @@ from respd.api.app import create_app
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
 from respd.service.media.resolver import MediaSettings
-from respd.store import Limits, Store, StoreConfigError, open_store
+from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,8 @@ def serve(settings: Settings) -> int:
         sse_keepalive=settings.sse_keepalive_secs,
         media=media_settings(settings),
         max_file_bytes=settings.max_file_bytes,
+        job_lease_secs=settings.job_lease_secs,
+        purge_interval_secs=settings.store_purge_interval_secs,
     )
     config = uvicorn.Config(
         app,
@@ -109,7 +111,10 @@ def serve(settings: Settings) -> int:
     )
     server = uvicorn.Server(config)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    where = f"{settings.store} in {settings.data_dir}" if settings.store != "memory" else "memory"
+    if settings.store == "memory" or settings.store.startswith(("postgres:", "postgresql:")):
+        where = redacted(settings.store)
+    else:
+        where = f"{settings.store} in {settings.data_dir}"
     console.print(f"Store: {where}")
     console.print(
         f"respd serving model [bold]{engine.model_id}[/] at http://{host}:{settings.port}/v1"

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import httpx
 import openai
 import pytest
 
+from tests.pg import fresh_schema
 from tests.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
 
 
@@ -36,26 +38,31 @@ def http(server: RespdServer) -> Iterator[httpx.Client]:
 # -- stateful servers: one per store, each on its own data dir --------------------------------
 
 
-@pytest.fixture(scope="session", params=["sqlite", "memory"])
+@pytest.fixture(scope="session", params=["sqlite", "memory", "postgresql"])
 def stateful_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RespdServer]:
-    """A server per store kind; tests using it run against both."""
+    """A server per store kind; tests using it run against each (postgresql: a schema of
+    its own in the test database, see tests/pg.py)."""
     tmp = tmp_path_factory.mktemp(f"respd-{request.param}")
-    srv = start_server(
-        tmp,
-        "--store",
-        request.param,
-        "--data-dir",
-        str(tmp / "data"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
-    )
-    yield srv
-    srv.stop()
-    srv.assert_no_5xx()
+    with ExitStack() as exits:
+        store = request.param
+        if store == "postgresql":
+            store = exits.enter_context(fresh_schema())
+        srv = start_server(
+            tmp,
+            "--store",
+            store,
+            "--data-dir",
+            str(tmp / "data"),
+            "--ctx-size",
+            "2048",
+            "--threads",
+            "2",
+        )
+        yield srv
+        srv.stop()
+        srv.assert_no_5xx()
 
 
 @pytest.fixture()

@@ -326,29 +326,6 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "s.db")
 
 
-def test_store_files_roundtrip_and_owner_filter(any_store: Store) -> None:
-    async def go() -> None:
-        a = _file("file-a", "alice")
-        await any_store.save_file(a, b"abc")
-        await any_store.save_file(_file("file-b", "alice", size=len(BINARY)), BINARY)
-        await any_store.save_file(_file("file-c", "bob"), b"xyz")
-        assert await any_store.get_file("alice", "file-a") == a
-        assert await any_store.file_content("alice", "file-b") == BINARY
-        assert [f.id for f in await any_store.list_files("alice")] == ["file-a", "file-b"]
-        # Another owner's file is invisible to every read and to delete.
-        assert await any_store.get_file("bob", "file-a") is None
-        assert await any_store.file_content("bob", "file-a") is None
-        assert not await any_store.delete_file("bob", "file-a")
-        assert [f.id for f in await any_store.list_files("bob")] == ["file-c"]
-        assert await any_store.delete_file("alice", "file-a")
-        assert await any_store.get_file("alice", "file-a") is None
-        assert await any_store.file_content("alice", "file-a") is None
-        assert not await any_store.delete_file("alice", "file-a")
-        await any_store.close()
-
-    _run(go())
-
-
 def test_store_hides_expired_files(any_store: Store, tmp_path: Path) -> None:
     now = int(time.time())
 

@@ -88,15 +88,20 @@ def test_sigterm_during_background_job_stores_it_failed(tmp_path: Path) -> None:
         again.stop()
 
 
-def test_postgres_url_is_a_clear_startup_error(tmp_path: Path) -> None:
+def test_unreachable_postgres_is_a_clear_startup_error(tmp_path: Path) -> None:
+    """A database that cannot be reached stops start-up with the driver's reason, before
+    the model loads, and the password never reaches the terminal."""
+    spec = "postgresql://respd:hunter2@127.0.0.1:1/respd"
     result = subprocess.run(
-        [sys.executable, "-m", "respd", "serve", "--store", "postgres://db/respd"],
+        [sys.executable, "-m", "respd", "serve", "--store", spec],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode != 0
-    assert "not supported yet" in result.stderr
+    assert "cannot connect to --store postgresql://respd:***@127.0.0.1:1/respd" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
 
 
 def test_store_isolated_by_data_dir(tmp_path: Path) -> None:

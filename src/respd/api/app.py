@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +24,8 @@ from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.service import ResponsesService
 from respd.service.responses.stored import StoredResponses
 from respd.store import MemoryStore, Store
+from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
+from respd.store.retention import purge_periodically
 
 
 def create_app(
@@ -32,6 +36,8 @@ def create_app(
     sse_keepalive: float = 15.0,
     media: MediaSettings | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    job_lease_secs: float = DEFAULT_JOB_LEASE_SECS,
+    purge_interval_secs: float = DEFAULT_PURGE_INTERVAL_SECS,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -39,14 +45,19 @@ def create_app(
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
     service = ResponsesService(models, store, media, default_max_tokens=default_max_tokens)
-    jobs = BackgroundJobs(service, store)
+    jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await jobs.recover()
+        await store.open()
+        await jobs.open()
+        purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
         try:
             yield
         finally:
+            purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purge
             await jobs.shutdown()
             await store.close()
 

@@ -4,6 +4,17 @@ Records are plain JSON-able data (the wire shapes of responses and items), so ev
 implementation stores the same thing and `store/` knows nothing of Responses semantics.
 Every record carries its `owner`, and every read takes one: a record is invisible to any
 other identity.
+
+Retention: a response (with its input items and event log) and a conversation (with its
+items) expire a TTL after their last write. An expired record is invisible to every read at
+once; `purge_expired` deletes the rows later, off the request path.
+
+Background jobs: the process that runs a job holds a *lease* on it, as `worker`, and renews
+it while the job runs. Several processes may share one store (PostgreSQL), so a job is
+claimed by exactly one worker, a job whose lease ran out is found and failed by another, a
+cancel request is a flag that the holder polls, and followers read the event log that the
+holder flushes. Single-process stores (memory, sqlite) implement the same methods; there,
+a job held by any other worker id belongs to a process that is gone.
 """
 
 from __future__ import annotations
@@ -15,6 +26,14 @@ from typing import Any, Protocol
 JSON = dict[str, Any]
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
+UNFINISHED_STATUSES = frozenset({"queued", "in_progress"})
+
+# Defaults of the settings that reach the stores (config.py reads them from here).
+DEFAULT_TTL_SECS = 30 * 24 * 3600  # OpenAI keeps stored responses for 30 days
+DEFAULT_PURGE_INTERVAL_SECS = 300.0
+DEFAULT_JOB_LEASE_SECS = 30.0
+
+STAT_KEYS = ("responses", "conversations", "items", "files", "file_bytes", "events")
 
 
 @dataclass
@@ -84,11 +103,20 @@ class FileRecord:
 
 
 class Store(Protocol):
-    """Persistence for responses, conversations and background event logs.
+    """Persistence for responses, conversations, files and background jobs.
 
     Each write is atomic: a crash mid-write leaves the previous state, never half a record.
-    Reads return `None` (or `False`) for ids that are unknown *or owned by someone else*.
+    Reads return `None` (or `False`) for ids that are unknown, expired *or owned by someone
+    else*.
     """
+
+    async def open(self) -> None:
+        """Connect and bring the schema up to date; called once, inside the event loop."""
+        ...
+
+    async def close(self) -> None: ...
+
+    # -- responses --------------------------------------------------------------------------
 
     async def save_response(
         self,
@@ -96,14 +124,15 @@ class Store(Protocol):
         *,
         conversation: tuple[str, list[JSON]] | None = None,
         events: list[JSON] | None = None,
-    ) -> None:
+        worker: str | None = None,
+    ) -> bool:
         """Insert or replace `record` (a finished record is never replaced by an unfinished
         one); in the same transaction append `conversation=(id, items)` to that conversation
-        (skipped if it is gone) and `events` to its event log."""
-        ...
+        (skipped if it is gone) and `events` to its event log.
 
-    async def append_events(self, response_id: str, events: list[JSON]) -> None:
-        """Append stream events of a running background response to its log."""
+        With `worker`, this is the write of a running job by its holder: it only updates a
+        record that `worker` still holds, and returns False, writing nothing, when the job
+        was deleted, expired or taken over. Otherwise it returns True."""
         ...
 
     async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None: ...
@@ -116,9 +145,41 @@ class Store(Protocol):
         """Recorded stream events with `sequence_number > after`, in order."""
         ...
 
-    async def unfinished_responses(self) -> list[ResponseRecord]:
-        """Responses of every owner left `queued`/`in_progress` (e.g. by a crash)."""
+    # -- background jobs ----------------------------------------------------------------------
+
+    async def start_job(self, record: ResponseRecord, worker: str, lease_secs: float) -> None:
+        """Insert a new, unfinished background response, held by `worker` for `lease_secs`."""
         ...
+
+    async def renew_leases(
+        self, worker: str, response_ids: list[str], lease_secs: float
+    ) -> list[str]:
+        """Extend `worker`'s leases on these jobs; returns the ids it no longer holds
+        (deleted, expired, finished or taken over by another worker)."""
+        ...
+
+    async def claim_job(
+        self, response_id: str, worker: str, lease_secs: float
+    ) -> ResponseRecord | None:
+        """Take over one unfinished job whose holder is gone (its lease ran out); exactly one
+        of several concurrent callers gets the record, the others None."""
+        ...
+
+    async def claim_stale_jobs(self, worker: str, lease_secs: float) -> list[ResponseRecord]:
+        """Take over every unfinished job whose holder is gone, for `worker`, so that it can
+        record them as failed; a job is handed to exactly one caller."""
+        ...
+
+    async def request_cancel(self, owner: str, response_id: str) -> bool:
+        """Flag an unfinished job for cancellation, for its holder to notice; False when
+        unknown, another owner's, or already finished."""
+        ...
+
+    async def cancel_requests(self, worker: str) -> list[str]:
+        """The unfinished jobs `worker` holds that someone asked to cancel."""
+        ...
+
+    # -- conversations ------------------------------------------------------------------------
 
     async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None: ...
 
@@ -146,6 +207,8 @@ class Store(Protocol):
         self, owner: str, conversation_id: str, item_id: str
     ) -> bool: ...
 
+    # -- files --------------------------------------------------------------------------------
+
     async def save_file(self, record: FileRecord, content: bytes) -> None:
         """Insert a file and its bytes in one write."""
         ...
@@ -162,4 +225,15 @@ class Store(Protocol):
 
     async def delete_file(self, owner: str, file_id: str) -> bool: ...
 
-    async def close(self) -> None: ...
+    # -- housekeeping -------------------------------------------------------------------------
+
+    async def purge_expired(self) -> int:
+        """Delete expired responses (with their events), conversations (with their items)
+        and files; returns how many records went."""
+        ...
+
+    async def stats(self) -> dict[str, int]:
+        """What the store holds now (expired rows not yet purged included), keyed by
+        `STAT_KEYS`: responses, conversations, conversation items, files, file bytes and
+        stream events."""
+        ...

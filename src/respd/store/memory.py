@@ -9,7 +9,8 @@ Limits, per map (responses; conversations):
 Uploaded files live in their own map, bounded by the bytes of their contents only
 (`--files-store-max-bytes`, oldest evicted first; no entry count, no TTL: a file is kept
 until it is deleted, evicted, or past its own `expires_at`).
-Nothing survives a restart: use the sqlite store for that.
+Nothing survives a restart: use the sqlite store for that. Expired entries are dropped as
+soon as any read or write of their map sees them (`purge_expired` sweeps every map).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Generic, TypeVar
 
 from respd.store.base import (
     JSON,
+    STAT_KEYS,
     TERMINAL_STATUSES,
     ConversationRecord,
     FileRecord,
@@ -64,16 +66,23 @@ class BoundedMap(Generic[V]):
         self._expire()
         return len(self._entries)
 
-    def _expire(self) -> None:
+    def _expire(self) -> int:
         ttl = self.limits.ttl_secs
         if ttl <= 0:
-            return
+            return 0
         now = self.clock()
+        expired = 0
         while self._entries:
             key, entry = next(iter(self._entries.items()))
             if now - entry.written_at <= ttl:
                 break
             self.pop(key)
+            expired += 1
+        return expired
+
+    def purge(self) -> int:
+        """Drop expired entries now; returns how many went."""
+        return self._expire()
 
     def _evict(self) -> None:
         lim = self.limits
@@ -122,6 +131,9 @@ class BoundedMap(Generic[V]):
 class _StoredResponse:
     record: ResponseRecord
     events: list[JSON] = field(default_factory=list)
+    worker: str | None = None  # the job's lease (see base.py)
+    lease_until: float = 0.0
+    cancel_requested: bool = False
 
 
 @dataclass
@@ -160,15 +172,19 @@ class MemoryStore:
     ) -> None:
         """`clock` measures TTLs; `wall_clock` is compared with files' `expires_at`."""
         self.responses: BoundedMap[_StoredResponse] = BoundedMap(
-            responses or Limits(1024, 268435456, 3600), clock
+            responses or Limits(1024, 268435456, 0), clock
         )
         self.conversations: BoundedMap[_StoredConversation] = BoundedMap(
-            conversations or Limits(256, 67108864, 3600), clock
+            conversations or Limits(256, 67108864, 0), clock
         )
         self.files: BoundedMap[_StoredFile] = BoundedMap(
             files or file_limits(DEFAULT_FILES_MAX_BYTES), clock
         )
+        self.clock = clock
         self.wall_clock = wall_clock
+
+    async def open(self) -> None:
+        return None
 
     # -- responses ------------------------------------------------------------------------
 
@@ -181,8 +197,13 @@ class MemoryStore:
         *,
         conversation: tuple[str, list[JSON]] | None = None,
         events: list[JSON] | None = None,
-    ) -> None:
+        worker: str | None = None,
+    ) -> bool:
         old = self.responses.get(record.id)
+        if worker is not None and (
+            old is None or old.worker != worker or old.record.status in TERMINAL_STATUSES
+        ):
+            return False  # deleted, expired, finished or taken over: the holder writes nothing
         if (
             old
             and old.record.status in TERMINAL_STATUSES
@@ -190,18 +211,16 @@ class MemoryStore:
         ):
             record = old.record  # finished stays finished (see SqliteStore.save_response)
         stored = _StoredResponse(replace(record), list(old.events) if old else [])
-        stored.events.extend(events or [])
+        if old is not None:
+            stored.worker, stored.lease_until = old.worker, old.lease_until
+            stored.cancel_requested = old.cancel_requested
+        stored.events = _merge_events(stored.events, events or [])
         self.responses.put(record.id, stored, self._response_size(stored))
         if conversation is not None:
             conv = self.conversations.get(conversation[0])
             if conv is not None and conv.record.owner == record.owner:
                 self._append_items(conv, conversation[1])
-
-    async def append_events(self, response_id: str, events: list[JSON]) -> None:
-        stored = self.responses.get(response_id)
-        if stored is not None:
-            stored.events.extend(events)
-            self.responses.resize(response_id, self._response_size(stored))
+        return True
 
     def _owned_response(self, owner: str, response_id: str) -> _StoredResponse | None:
         stored = self.responses.get(response_id)
@@ -223,11 +242,70 @@ class MemoryStore:
             return []
         return [e for e in stored.events if e.get("sequence_number", -1) > after]
 
-    async def unfinished_responses(self) -> list[ResponseRecord]:
+    # -- background jobs --------------------------------------------------------------------
+
+    async def start_job(self, record: ResponseRecord, worker: str, lease_secs: float) -> None:
+        stored = _StoredResponse(replace(record), [], worker, self.clock() + lease_secs)
+        self.responses.put(record.id, stored, self._response_size(stored))
+
+    def _held(self, worker: str, response_id: str) -> _StoredResponse | None:
+        stored = self.responses.get(response_id)
+        if stored is None or stored.worker != worker:
+            return None
+        return None if stored.record.status in TERMINAL_STATUSES else stored
+
+    async def renew_leases(
+        self, worker: str, response_ids: list[str], lease_secs: float
+    ) -> list[str]:
+        lost = []
+        for rid in response_ids:
+            stored = self._held(worker, rid)
+            if stored is None:
+                lost.append(rid)
+            else:
+                stored.lease_until = self.clock() + lease_secs
+        return lost
+
+    def _stale(self, stored: _StoredResponse, worker: str) -> bool:
+        # One process owns this store: a job held by another worker id is a dead process's.
+        return stored.record.status not in TERMINAL_STATUSES and (
+            stored.worker != worker or stored.lease_until < self.clock()
+        )
+
+    def _claim(self, stored: _StoredResponse, worker: str, lease_secs: float) -> ResponseRecord:
+        stored.worker, stored.lease_until = worker, self.clock() + lease_secs
+        stored.cancel_requested = False
+        return replace(stored.record)
+
+    async def claim_job(
+        self, response_id: str, worker: str, lease_secs: float
+    ) -> ResponseRecord | None:
+        stored = self.responses.get(response_id)
+        if stored is None or not self._stale(stored, worker):
+            return None
+        return self._claim(stored, worker, lease_secs)
+
+    async def claim_stale_jobs(self, worker: str, lease_secs: float) -> list[ResponseRecord]:
         return [
-            replace(s.record)
+            self._claim(s, worker, lease_secs)
             for s in self.responses.values()
-            if s.record.status not in TERMINAL_STATUSES
+            if self._stale(s, worker)
+        ]
+
+    async def request_cancel(self, owner: str, response_id: str) -> bool:
+        stored = self._owned_response(owner, response_id)
+        if stored is None or stored.record.status in TERMINAL_STATUSES:
+            return False
+        stored.cancel_requested = True
+        return True
+
+    async def cancel_requests(self, worker: str) -> list[str]:
+        return [
+            s.record.id
+            for s in self.responses.values()
+            if s.worker == worker
+            and s.cancel_requested
+            and s.record.status not in TERMINAL_STATUSES
         ]
 
     # -- conversations --------------------------------------------------------------------
@@ -338,5 +416,36 @@ class MemoryStore:
         self.files.pop(file_id)
         return True
 
+    # -- housekeeping -----------------------------------------------------------------------
+
+    async def purge_expired(self) -> int:
+        before = len(self.files.values())
+        self._purge_expired_files()
+        files = before - len(self.files.values())
+        return self.responses.purge() + self.conversations.purge() + files
+
+    async def stats(self) -> dict[str, int]:
+        responses = self.responses.values()
+        conversations = self.conversations.values()
+        files = self.files.values()
+        counts = (
+            len(responses),
+            len(conversations),
+            sum(len(c.items) for c in conversations),
+            len(files),
+            sum(f.record.bytes for f in files),
+            sum(len(r.events) for r in responses),
+        )
+        return dict(zip(STAT_KEYS, counts, strict=True))
+
     async def close(self) -> None:
         return None
+
+
+def _merge_events(log: list[JSON], events: list[JSON]) -> list[JSON]:
+    """The log with `events` written in by sequence number (a rewritten number replaces
+    the old event, as in the SQL stores)."""
+    by_seq = {int(e["sequence_number"]): e for e in log}
+    for event in events:
+        by_seq[int(event["sequence_number"])] = event
+    return [by_seq[n] for n in sorted(by_seq)]

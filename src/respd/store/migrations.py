@@ -1,7 +1,13 @@
-"""SQLite schema, as an append-only list of migrations.
+"""Store schemas, as append-only lists of migrations: one for SQLite, one for PostgreSQL.
 
 Migration N (1-based) upgrades a database at version N-1 to N. Never edit a shipped entry:
-add a new one, so every existing data dir upgrades in order on the next start.
+add a new one, so every existing database upgrades in order on the next start.
+
+The two lists are kept apart because the dialects differ where it matters (BLOB/BYTEA,
+AUTOINCREMENT/identity columns, cascading foreign keys, ALTER TABLE limits) and each list is
+replayed against databases that already exist, so neither can be derived from the other.
+They sit side by side here so that a change to one is seen next to the other: both describe
+the same tables, and the store contract tests hold them to the same behaviour.
 """
 
 from __future__ import annotations
@@ -59,11 +65,96 @@ MIGRATIONS: list[str] = [
     CREATE INDEX files_owner ON files(owner, created_at);
     CREATE INDEX files_expires ON files(expires_at) WHERE expires_at IS NOT NULL;
     """,
+    # 3: retention (the time of the last write, seconds since the epoch) and job leases
+    # (the worker holding a running job, until when, and a pending cancel request).
+    """
+    ALTER TABLE responses ADD COLUMN updated_at REAL NOT NULL DEFAULT 0;
+    UPDATE responses SET updated_at = created_at;
+    ALTER TABLE responses ADD COLUMN worker TEXT;
+    ALTER TABLE responses ADD COLUMN lease_until REAL;
+    ALTER TABLE responses ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX responses_updated ON responses(updated_at);
+    ALTER TABLE conversations ADD COLUMN updated_at REAL NOT NULL DEFAULT 0;
+    UPDATE conversations SET updated_at = created_at;
+    CREATE INDEX conversations_updated ON conversations(updated_at);
+    """,
+]
+
+POSTGRES_MIGRATIONS: list[str] = [
+    # 1: the SQLite schema at its version 3, in PostgreSQL's types; event logs and
+    # conversation items go with their parent row.
+    """
+    CREATE TABLE responses (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        status TEXT NOT NULL,
+        background BOOLEAN NOT NULL,
+        previous_response_id TEXT,
+        conversation_id TEXT,
+        response TEXT NOT NULL,
+        input_items TEXT NOT NULL,
+        worker TEXT,
+        lease_until DOUBLE PRECISION,
+        cancel_requested BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE INDEX responses_updated ON responses(updated_at);
+    CREATE INDEX responses_unfinished ON responses(worker, lease_until)
+        WHERE status IN ('queued', 'in_progress');
+    CREATE TABLE response_events (
+        response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
+        seq INTEGER NOT NULL,
+        event TEXT NOT NULL,
+        PRIMARY KEY (response_id, seq)
+    );
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL,
+        metadata TEXT NOT NULL
+    );
+    CREATE INDEX conversations_updated ON conversations(updated_at);
+    CREATE TABLE conversation_items (
+        pos BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        item_id TEXT NOT NULL,
+        item TEXT NOT NULL
+    );
+    CREATE INDEX conversation_items_conv ON conversation_items(conversation_id, pos);
+    CREATE TABLE files (
+        id TEXT PRIMARY KEY,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY,  -- upload order within one second
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        filename TEXT NOT NULL,
+        purpose TEXT NOT NULL,
+        bytes BIGINT NOT NULL,
+        mime_type TEXT NOT NULL,
+        expires_at BIGINT,
+        content BYTEA NOT NULL
+    );
+    CREATE INDEX files_owner ON files(owner, created_at);
+    CREATE INDEX files_expires ON files(expires_at) WHERE expires_at IS NOT NULL;
+    """,
 ]
 
 
+def statements(script: str) -> list[str]:
+    """The statements of one migration (none of them holds a literal `;`)."""
+    return [s for s in script.split(";") if s.strip()]
+
+
+def newer_than_known(version: int, known: int) -> RuntimeError:
+    return RuntimeError(
+        f"the database is at schema version {version}, newer than this respd understands "
+        f"({known}); upgrade respd"
+    )
+
+
 def migrate(conn: sqlite3.Connection) -> int:
-    """Bring the schema to the newest version, each step in its own transaction."""
+    """Bring the SQLite schema to the newest version, each step in its own transaction."""
     conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     row = conn.execute("SELECT version FROM schema_version").fetchone()
     version = row[0] if row else 0
@@ -71,15 +162,12 @@ def migrate(conn: sqlite3.Connection) -> int:
         conn.execute("INSERT INTO schema_version (version) VALUES (0)")
         conn.commit()
     if version > len(MIGRATIONS):
-        raise RuntimeError(
-            f"the data dir's database is at schema version {version}, newer than this respd "
-            f"understands ({len(MIGRATIONS)}); upgrade respd"
-        )
+        raise newer_than_known(version, len(MIGRATIONS))
     for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
         # One explicit transaction (DDL included): the step and its version bump land together.
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in filter(str.strip, script.split(";")):
+            for statement in statements(script):
                 conn.execute(statement)
             conn.execute("UPDATE schema_version SET version = ?", (number,))
         except BaseException:

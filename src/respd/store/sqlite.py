@@ -2,13 +2,16 @@
 
 WAL mode with one transaction per write: a crash (even SIGKILL) mid-write leaves the last
 committed state. The stdlib `sqlite3` runs in worker threads behind one lock, which keeps
-the event loop free without another dependency.
+the event loop free without another dependency. The file (and its -wal/-shm companions,
+which SQLite creates with the main file's mode) is private to its user: 0600, in a 0700
+directory when respd creates it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from respd.store.base import JSON, ConversationRecord, FileRecord, ResponseRecord
+from respd.store.base import JSON, STAT_KEYS, ConversationRecord, FileRecord, ResponseRecord
 from respd.store.migrations import migrate
 
 T = TypeVar("T")
@@ -25,11 +28,13 @@ _RESPONSE_COLUMNS = (
     "id, owner, created_at, status, background, previous_response_id, conversation_id, "
     "response, input_items"
 )
-
-
+_UNFINISHED = "status IN ('queued', 'in_progress')"
+# Visibility under retention: the last write within the TTL (the parameter is the cut-off).
+_FRESH = "updated_at >= ?"
 _FILE_COLUMNS = "id, owner, created_at, filename, purpose, bytes, mime_type, expires_at"
 # A file is visible until its `expires_at` (NULL: until deleted).
 _UNEXPIRED = "(expires_at IS NULL OR expires_at > ?)"
+PURGE_BATCH = 500  # rows per purge transaction, so the lock is never held for long
 
 
 def _dumps(obj: Any) -> str:
@@ -72,10 +77,32 @@ def _file(row: sqlite3.Row) -> FileRecord:
     )
 
 
+def create_private(path: Path) -> None:
+    """Create the database file 0600 (and its directory 0700) if they do not exist yet;
+    an existing file or directory keeps the mode its owner gave it."""
+    directory = path.parent
+    if not directory.exists():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
 class SqliteStore:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(
+        self,
+        path: Path,
+        *,
+        responses_ttl_secs: float = 0,
+        conversations_ttl_secs: float = 0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """TTLs of 0 keep records until deleted; `clock` is the wall clock (seconds)."""
+        create_private(path)
         self.path = path
+        self.responses_ttl = responses_ttl_secs
+        self.conversations_ttl = conversations_ttl_secs
+        self.clock = clock
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level="DEFERRED")
         self._conn.row_factory = sqlite3.Row
@@ -84,12 +111,19 @@ class SqliteStore:
         self._conn.execute("PRAGMA busy_timeout=5000")
         migrate(self._conn)
 
+    async def open(self) -> None:
+        return None  # connected and migrated in __init__, so a bad file fails at start-up
+
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         def locked() -> T:
             with self._lock, self._conn:  # commit on success, roll back on error
                 return fn(self._conn)
 
         return await asyncio.to_thread(locked)
+
+    def _cutoff(self, ttl: float) -> float:
+        """Records last written before this are expired (-inf: no TTL)."""
+        return self.clock() - ttl if ttl > 0 else float("-inf")
 
     # -- responses ------------------------------------------------------------------------
 
@@ -99,51 +133,61 @@ class SqliteStore:
         *,
         conversation: tuple[str, list[JSON]] | None = None,
         events: list[JSON] | None = None,
-    ) -> None:
-        row = (
-            record.id,
-            record.owner,
-            record.created_at,
-            record.status,
-            int(record.background),
-            record.previous_response_id,
-            record.conversation_id,
-            _dumps(record.response),
-            _dumps(record.input_items),
-        )
+        worker: str | None = None,
+    ) -> bool:
+        now = self.clock()
+        response, input_items = _dumps(record.response), _dumps(record.input_items)
 
-        def write(conn: sqlite3.Connection) -> None:
-            # A finished record is never overwritten by an unfinished one, whatever order
-            # two racing writes (a job's progress and its cancellation) reach the file in.
-            conn.execute(
-                f"INSERT INTO responses ({_RESPONSE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET status = excluded.status, "
-                "response = excluded.response, input_items = excluded.input_items, "
-                "conversation_id = excluded.conversation_id "
-                "WHERE responses.status IN ('queued', 'in_progress') "
-                "OR excluded.status NOT IN ('queued', 'in_progress')",
-                row,
-            )
+        def write(conn: sqlite3.Connection) -> bool:
+            if worker is not None:
+                # Only the holder may write a running job, and only while it is visible.
+                cur = conn.execute(
+                    "UPDATE responses SET status = ?, response = ?, input_items = ?, "
+                    "conversation_id = ?, updated_at = ? WHERE id = ? AND worker = ? "
+                    f"AND {_UNFINISHED} AND {_FRESH}",
+                    (
+                        record.status,
+                        response,
+                        input_items,
+                        record.conversation_id,
+                        now,
+                        record.id,
+                        worker,
+                        self._cutoff(self.responses_ttl),
+                    ),
+                )
+                if not cur.rowcount:
+                    return False
+            else:
+                # A finished record is never overwritten by an unfinished one, whatever order
+                # two racing writes (a job's progress and its cancellation) reach the file in.
+                conn.execute(
+                    f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET status = excluded.status, "
+                    "response = excluded.response, input_items = excluded.input_items, "
+                    "conversation_id = excluded.conversation_id, "
+                    "updated_at = excluded.updated_at "
+                    f"WHERE responses.{_UNFINISHED} "
+                    "OR excluded.status NOT IN ('queued', 'in_progress')",
+                    (*_response_row(record), now),
+                )
             if conversation is not None:
                 conv_id, items = conversation
-                exists = conn.execute(
-                    "SELECT 1 FROM conversations WHERE id = ? AND owner = ?",
-                    (conv_id, record.owner),
-                ).fetchone()
-                if exists:
+                if self._owns_conversation(conn, record.owner, conv_id):
                     _insert_items(conn, conv_id, items)
+                    self._touch_conversation(conn, conv_id)
             _insert_events(conn, record.id, events or [])
+            return True
 
-        await self._run(write)
-
-    async def append_events(self, response_id: str, events: list[JSON]) -> None:
-        await self._run(lambda conn: _insert_events(conn, response_id, events))
+        return await self._run(write)
 
     async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None:
         def read(conn: sqlite3.Connection) -> ResponseRecord | None:
             row = conn.execute(
-                f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = ? AND owner = ?",
-                (response_id, owner),
+                f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = ? AND owner = ? "
+                f"AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
             ).fetchone()
             return _response(row) if row else None
 
@@ -152,7 +196,8 @@ class SqliteStore:
     async def delete_response(self, owner: str, response_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                "DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner)
+                f"DELETE FROM responses WHERE id = ? AND owner = ? AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
             )
             if cur.rowcount:
                 conn.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
@@ -164,30 +209,127 @@ class SqliteStore:
         def read(conn: sqlite3.Connection) -> list[JSON]:
             rows = conn.execute(
                 "SELECT e.event FROM response_events e JOIN responses r ON r.id = e.response_id "
-                "WHERE e.response_id = ? AND r.owner = ? AND e.seq > ? ORDER BY e.seq",
-                (response_id, owner, after),
+                "WHERE e.response_id = ? AND r.owner = ? AND r.updated_at >= ? AND e.seq > ? "
+                "ORDER BY e.seq",
+                (response_id, owner, self._cutoff(self.responses_ttl), after),
             ).fetchall()
             return [json.loads(r[0]) for r in rows]
 
         return await self._run(read)
 
-    async def unfinished_responses(self) -> list[ResponseRecord]:
-        def read(conn: sqlite3.Connection) -> list[ResponseRecord]:
+    # -- background jobs --------------------------------------------------------------------
+
+    async def start_job(self, record: ResponseRecord, worker: str, lease_secs: float) -> None:
+        now = self.clock()
+
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at, worker, lease_until) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (*_response_row(record), now, worker, now + lease_secs),
+            )
+
+        await self._run(write)
+
+    async def renew_leases(
+        self, worker: str, response_ids: list[str], lease_secs: float
+    ) -> list[str]:
+        until = self.clock() + lease_secs
+
+        def write(conn: sqlite3.Connection) -> list[str]:
+            lost = []
+            for rid in response_ids:
+                cur = conn.execute(
+                    f"UPDATE responses SET lease_until = ? WHERE id = ? AND worker = ? "
+                    f"AND {_UNFINISHED} AND {_FRESH}",
+                    (until, rid, worker, self._cutoff(self.responses_ttl)),
+                )
+                if not cur.rowcount:
+                    lost.append(rid)
+            return lost
+
+        return await self._run(write)
+
+    # One process owns the file, so a job held by another worker id is a dead process's.
+    _STALE = f"{_UNFINISHED} AND (worker IS NULL OR worker != ? OR lease_until < ?)"
+
+    async def claim_job(
+        self, response_id: str, worker: str, lease_secs: float
+    ) -> ResponseRecord | None:
+        now = self.clock()
+
+        def write(conn: sqlite3.Connection) -> ResponseRecord | None:
+            row = conn.execute(
+                "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = 0 "
+                f"WHERE id = ? AND {self._STALE} RETURNING {_RESPONSE_COLUMNS}",
+                (worker, now + lease_secs, response_id, worker, now),
+            ).fetchone()
+            return _response(row) if row else None
+
+        return await self._run(write)
+
+    async def claim_stale_jobs(self, worker: str, lease_secs: float) -> list[ResponseRecord]:
+        now = self.clock()
+
+        def write(conn: sqlite3.Connection) -> list[ResponseRecord]:
             rows = conn.execute(
-                f"SELECT {_RESPONSE_COLUMNS} FROM responses "
-                "WHERE status IN ('queued', 'in_progress')"
+                "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = 0 "
+                f"WHERE {self._STALE} RETURNING {_RESPONSE_COLUMNS}",
+                (worker, now + lease_secs, worker, now),
             ).fetchall()
-            return [_response(r) for r in rows]
+            return sorted((_response(r) for r in rows), key=lambda r: (r.created_at, r.id))
+
+        return await self._run(write)
+
+    async def request_cancel(self, owner: str, response_id: str) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE responses SET cancel_requested = 1 "
+                f"WHERE id = ? AND owner = ? AND {_UNFINISHED} AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
+            )
+            return cur.rowcount > 0
+
+        return await self._run(write)
+
+    async def cancel_requests(self, worker: str) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(
+                f"SELECT id FROM responses WHERE worker = ? AND cancel_requested AND {_UNFINISHED}",
+                (worker,),
+            ).fetchall()
+            return [r[0] for r in rows]
 
         return await self._run(read)
 
     # -- conversations --------------------------------------------------------------------
 
+    def _owns_conversation(
+        self, conn: sqlite3.Connection, owner: str, conversation_id: str
+    ) -> bool:
+        row = conn.execute(
+            f"SELECT 1 FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+            (conversation_id, owner, self._cutoff(self.conversations_ttl)),
+        ).fetchone()
+        return row is not None
+
+    def _touch_conversation(self, conn: sqlite3.Connection, conversation_id: str) -> None:
+        conn.execute(
+            "UPDATE conversations SET updated_at = ? WHERE id = ?", (self.clock(), conversation_id)
+        )
+
     async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None:
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO conversations (id, owner, created_at, metadata) VALUES (?, ?, ?, ?)",
-                (record.id, record.owner, record.created_at, _dumps(record.metadata)),
+                "INSERT INTO conversations (id, owner, created_at, metadata, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    record.id,
+                    record.owner,
+                    record.created_at,
+                    _dumps(record.metadata),
+                    self.clock(),
+                ),
             )
             _insert_items(conn, record.id, items)
 
@@ -196,7 +338,8 @@ class SqliteStore:
     async def get_conversation(self, owner: str, conversation_id: str) -> ConversationRecord | None:
         def read(conn: sqlite3.Connection) -> ConversationRecord | None:
             row = conn.execute(
-                "SELECT * FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+                f"SELECT * FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+                (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             ).fetchone()
             return _conversation(row) if row else None
 
@@ -206,12 +349,16 @@ class SqliteStore:
         self, owner: str, conversation_id: str, metadata: dict[str, str]
     ) -> ConversationRecord | None:
         def write(conn: sqlite3.Connection) -> ConversationRecord | None:
-            conn.execute(
-                "UPDATE conversations SET metadata = ? WHERE id = ? AND owner = ?",
-                (_dumps(metadata), conversation_id, owner),
-            )
             row = conn.execute(
-                "SELECT * FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+                "UPDATE conversations SET metadata = ?, updated_at = ? "
+                f"WHERE id = ? AND owner = ? AND {_FRESH} RETURNING *",
+                (
+                    _dumps(metadata),
+                    self.clock(),
+                    conversation_id,
+                    owner,
+                    self._cutoff(self.conversations_ttl),
+                ),
             ).fetchone()
             return _conversation(row) if row else None
 
@@ -220,7 +367,8 @@ class SqliteStore:
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                "DELETE FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+                f"DELETE FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+                (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             )
             if cur.rowcount:
                 conn.execute(
@@ -234,16 +382,17 @@ class SqliteStore:
         self, owner: str, conversation_id: str, items: list[JSON]
     ) -> bool:
         def write(conn: sqlite3.Connection) -> bool:
-            if not _owns_conversation(conn, owner, conversation_id):
+            if not self._owns_conversation(conn, owner, conversation_id):
                 return False
             _insert_items(conn, conversation_id, items)
+            self._touch_conversation(conn, conversation_id)
             return True
 
         return await self._run(write)
 
     async def conversation_items(self, owner: str, conversation_id: str) -> list[JSON] | None:
         def read(conn: sqlite3.Connection) -> list[JSON] | None:
-            if not _owns_conversation(conn, owner, conversation_id):
+            if not self._owns_conversation(conn, owner, conversation_id):
                 return None
             rows = conn.execute(
                 "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY pos",
@@ -257,12 +406,14 @@ class SqliteStore:
         self, owner: str, conversation_id: str, item_id: str
     ) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
-            if not _owns_conversation(conn, owner, conversation_id):
+            if not self._owns_conversation(conn, owner, conversation_id):
                 return False
             cur = conn.execute(
                 "DELETE FROM conversation_items WHERE conversation_id = ? AND item_id = ?",
                 (conversation_id, item_id),
             )
+            if cur.rowcount:
+                self._touch_conversation(conn, conversation_id)
             return cur.rowcount > 0
 
         return await self._run(delete)
@@ -287,10 +438,11 @@ class SqliteStore:
                 f"INSERT INTO files ({_FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
-            # Expired files are invisible to every read; their rows are purged here, lazily.
+            # Expired files go with the next upload too, not only with the periodic purge:
+            # file bytes are the bulk of a store, and the index makes this cheap.
             conn.execute(
                 "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                (int(time.time()),),
+                (int(self.clock()),),
             )
 
         await self._run(write)
@@ -299,7 +451,7 @@ class SqliteStore:
         def read(conn: sqlite3.Connection) -> FileRecord | None:
             row = conn.execute(
                 f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(time.time())),
+                (file_id, owner, int(self.clock())),
             ).fetchone()
             return _file(row) if row else None
 
@@ -309,7 +461,7 @@ class SqliteStore:
         def read(conn: sqlite3.Connection) -> bytes | None:
             row = conn.execute(
                 f"SELECT content FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(time.time())),
+                (file_id, owner, int(self.clock())),
             ).fetchone()
             return bytes(row[0]) if row else None
 
@@ -320,7 +472,7 @@ class SqliteStore:
             rows = conn.execute(  # metadata only: the BLOBs stay on disk
                 f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = ? AND {_UNEXPIRED} "
                 "ORDER BY created_at, rowid",
-                (owner, int(time.time())),
+                (owner, int(self.clock())),
             ).fetchall()
             return [_file(r) for r in rows]
 
@@ -330,11 +482,66 @@ class SqliteStore:
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 f"DELETE FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(time.time())),
+                (file_id, owner, int(self.clock())),
             )
             return cur.rowcount > 0
 
         return await self._run(delete)
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    async def purge_expired(self) -> int:
+        """Delete expired rows in small transactions, each in a worker thread."""
+        total = 0
+        steps = (self._purge_responses, self._purge_conversations, self._purge_files)
+        for step in steps:
+            while removed := await self._run(step):
+                total += removed
+        return total
+
+    def _purge_responses(self, conn: sqlite3.Connection) -> int:
+        ids = _ids(
+            conn.execute(
+                "SELECT id FROM responses WHERE updated_at < ? LIMIT ?",
+                (self._cutoff(self.responses_ttl), PURGE_BATCH),
+            )
+        )
+        conn.executemany("DELETE FROM response_events WHERE response_id = ?", ids)
+        conn.executemany("DELETE FROM responses WHERE id = ?", ids)
+        return len(ids)
+
+    def _purge_conversations(self, conn: sqlite3.Connection) -> int:
+        ids = _ids(
+            conn.execute(
+                "SELECT id FROM conversations WHERE updated_at < ? LIMIT ?",
+                (self._cutoff(self.conversations_ttl), PURGE_BATCH),
+            )
+        )
+        conn.executemany("DELETE FROM conversation_items WHERE conversation_id = ?", ids)
+        conn.executemany("DELETE FROM conversations WHERE id = ?", ids)
+        return len(ids)
+
+    def _purge_files(self, conn: sqlite3.Connection) -> int:
+        ids = _ids(
+            conn.execute(
+                "SELECT id FROM files WHERE expires_at IS NOT NULL AND expires_at <= ? LIMIT ?",
+                (int(self.clock()), PURGE_BATCH),
+            )
+        )
+        conn.executemany("DELETE FROM files WHERE id = ?", ids)
+        return len(ids)
+
+    async def stats(self) -> dict[str, int]:
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            row = conn.execute(
+                "SELECT (SELECT COUNT(*) FROM responses), (SELECT COUNT(*) FROM conversations), "
+                "(SELECT COUNT(*) FROM conversation_items), (SELECT COUNT(*) FROM files), "
+                "(SELECT COALESCE(SUM(bytes), 0) FROM files), "
+                "(SELECT COUNT(*) FROM response_events)"
+            ).fetchone()
+            return dict(zip(STAT_KEYS, (int(v) for v in row), strict=True))
+
+        return await self._run(read)
 
     async def close(self) -> None:
         def close() -> None:
@@ -344,11 +551,22 @@ class SqliteStore:
         await asyncio.to_thread(close)
 
 
-def _owns_conversation(conn: sqlite3.Connection, owner: str, conversation_id: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
-    ).fetchone()
-    return row is not None
+def _response_row(record: ResponseRecord) -> tuple[Any, ...]:
+    return (
+        record.id,
+        record.owner,
+        record.created_at,
+        record.status,
+        int(record.background),
+        record.previous_response_id,
+        record.conversation_id,
+        _dumps(record.response),
+        _dumps(record.input_items),
+    )
+
+
+def _ids(cursor: sqlite3.Cursor) -> list[tuple[str]]:
+    return [(row[0],) for row in cursor.fetchall()]
 
 
 def _insert_items(conn: sqlite3.Connection, conversation_id: str, items: list[JSON]) -> None:

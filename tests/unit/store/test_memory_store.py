@@ -1,18 +1,13 @@
-"""The stores without a model: the memory store's eviction by entries, bytes and TTL exactly
-as its flags say (0 included), owner filtering, and the sqlite store's schema and atomicity."""
+"""The memory store's own bounds, without a model: eviction by entries, bytes and TTL exactly
+as its flags say (0 included). What every store does alike is in test_store_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from respd.store import Limits, MemoryStore, SqliteStore, open_store
+from respd.store import Limits, MemoryStore
 from respd.store.base import ConversationRecord, ResponseRecord, Store
-from respd.store.migrations import MIGRATIONS
 
 BIG = 1 << 30
 
@@ -109,7 +104,8 @@ def test_background_event_logs_count_toward_bytes() -> None:
 
     async def go() -> None:
         await store.save_response(_record("a"))
-        await store.append_events("a", [{"sequence_number": 0, "type": "t", "pad": "p" * 500}])
+        pad = [{"sequence_number": 0, "type": "t", "pad": "p" * 500}]
+        await store.save_response(_record("a"), events=pad)
         assert await store.get_response("anon", "a") is None
 
     _run(go())
@@ -165,99 +161,5 @@ def test_conversation_bytes_grow_with_items() -> None:
         item = {"id": "msg_1", "type": "message", "role": "user", "content": "x" * 700}
         assert await store.add_conversation_items("anon", "c", [item])
         assert await store.get_conversation("anon", "c") is None  # grew past the budget
-
-    _run(go())
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    return open_store(request.param, tmp_path)
-
-
-def test_reads_are_filtered_by_owner(any_store: Store) -> None:
-    async def go() -> None:
-        await any_store.save_response(_record("r", owner="alice"))
-        await any_store.create_conversation(ConversationRecord("c", "alice", 1), [])
-        assert await any_store.get_response("bob", "r") is None
-        assert not await any_store.delete_response("bob", "r")
-        assert await any_store.get_conversation("bob", "c") is None
-        assert await any_store.conversation_items("bob", "c") is None
-        assert not await any_store.add_conversation_items("bob", "c", [{"id": "x"}])
-        assert await any_store.get_response("alice", "r") is not None
-        await any_store.close()
-
-    _run(go())
-
-
-def test_save_response_appends_turn_and_events_together(any_store: Store) -> None:
-    async def go() -> None:
-        await any_store.create_conversation(ConversationRecord("c", "anon", 1), [])
-        record = _record("r", status="in_progress")
-        record.conversation_id = "c"
-        await any_store.save_response(
-            record,
-            conversation=("c", [{"id": "msg_in"}, {"id": "msg_out"}]),
-            events=[{"sequence_number": 0, "type": "response.created"}],
-        )
-        items = await any_store.conversation_items("anon", "c")
-        assert [i["id"] for i in items or []] == ["msg_in", "msg_out"]
-        assert [r.id for r in await any_store.unfinished_responses()] == ["r"]
-        await any_store.append_events("r", [{"sequence_number": 1, "type": "x"}])
-        events = await any_store.read_events("anon", "r", 0)
-        assert [e["sequence_number"] for e in events] == [1]
-        assert await any_store.delete_response("anon", "r")
-        assert await any_store.read_events("anon", "r", -1) == []
-        await any_store.close()
-
-    _run(go())
-
-
-def test_sqlite_schema_is_versioned_and_reopens(tmp_path: Path) -> None:
-    path = tmp_path / "s.db"
-
-    async def go() -> None:
-        store = SqliteStore(path)
-        await store.save_response(_record("r"))
-        await store.close()
-        again = SqliteStore(path)  # migrations are idempotent
-        assert await again.get_response("anon", "r") is not None
-        await again.close()
-
-    _run(go())
-    conn = sqlite3.connect(path)
-    assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == len(MIGRATIONS)
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    conn.execute("UPDATE schema_version SET version = 99")
-    conn.commit()
-    conn.close()
-    with pytest.raises(RuntimeError, match="newer"):
-        SqliteStore(path)
-
-
-def test_sqlite_write_is_all_or_nothing(tmp_path: Path) -> None:
-    """A write that fails half-way (here: a bad event) leaves no part of itself behind."""
-
-    async def go() -> None:
-        store = SqliteStore(tmp_path / "s.db")
-        with pytest.raises(KeyError):
-            await store.save_response(_record("r"), events=[{"no": "sequence number"}])
-        assert await store.get_response("anon", "r") is None
-        await store.close()
-
-    _run(go())
-
-
-def test_finished_record_is_never_replaced_by_unfinished(any_store: Store) -> None:
-    """A late progress write (racing a cancellation) cannot resurrect a finished job."""
-
-    async def go() -> None:
-        await any_store.save_response(_record("r", status="cancelled"))
-        await any_store.save_response(_record("r", status="in_progress"))
-        got = await any_store.get_response("anon", "r")
-        assert got is not None and got.status == "cancelled"
-        await any_store.save_response(_record("r", status="failed"))
-        got = await any_store.get_response("anon", "r")
-        assert got is not None and got.status == "failed"
-        await any_store.close()
 
     _run(go())

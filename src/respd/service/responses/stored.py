@@ -1,4 +1,8 @@
-"""Stored responses by id: retrieve, delete, cancel, list input items, replay the stream."""
+"""Stored responses by id: retrieve, delete, cancel, list input items, replay the stream.
+
+A background job may run in this process or in another replica sharing the store: a job
+running here answers from memory; one running elsewhere is reached through the store (see
+`BackgroundJobs.cancel_elsewhere` and `follow_stored`)."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from respd.protocol.errors import InvalidRequest, NotFound
 from respd.protocol.wire import wire
 from respd.service.pages import page
 from respd.service.responses.background import BackgroundJobs
-from respd.store.base import JSON, ResponseRecord, Store
+from respd.store.base import JSON, TERMINAL_STATUSES, ResponseRecord, Store
 
 
 def response_not_found(response_id: str) -> NotFound:
@@ -38,6 +42,7 @@ class StoredResponses:
         job = self.jobs.live(owner, response_id)
         if job is not None:
             await self.jobs.delete(job)
+        # A job running on another replica stops there once it finds its row gone.
         if not await self.store.delete_response(owner, response_id):
             raise response_not_found(response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
@@ -50,6 +55,8 @@ class StoredResponses:
         job = self.jobs.live(owner, response_id)
         if job is not None:
             await self.jobs.cancel(job)
+        elif record.status not in TERMINAL_STATUSES:
+            await self.jobs.cancel_elsewhere(owner, response_id)
         return await self.retrieve(owner, response_id)
 
     async def input_items(
@@ -75,12 +82,14 @@ class StoredResponses:
         self, owner: str, record: ResponseRecord, after: int
     ) -> AsyncGenerator[JSON, None]:
         # A job leaves the registry only after its last event is stored: one of the two
-        # sources below always holds the whole stream.
+        # sources below always holds the whole stream (the store's, for a finished job or
+        # one that another replica runs, followed until it ends).
         job = self.jobs.live(owner, record.id)
-        if job is not None:
-            async with aclosing(job.follow(after)) as live:
-                async for event in live:
-                    yield event
-            return
-        for event in await self.store.read_events(owner, record.id, after):
-            yield event
+        source = (
+            job.follow(after)
+            if job is not None
+            else self.jobs.follow_stored(owner, record.id, after)
+        )
+        async with aclosing(source) as events:
+            async for event in events:
+                yield event

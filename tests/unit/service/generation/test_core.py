@@ -186,9 +186,13 @@ async def test_repeated_identical_call_ends_the_turn(
             ]
         )
     )
-    resp = strict_response((await sdk.responses.create(
-            model=FAKE_MODEL, input="weather?", tools=[WEATHER], tool_choice="required"
-        )).to_dict())
+    resp = strict_response(
+        (
+            await sdk.responses.create(
+                model=FAKE_MODEL, input="weather?", tools=[WEATHER], tool_choice="required"
+            )
+        ).to_dict()
+    )
     assert resp.status == "completed"
     calls = [json.loads(o.arguments)["city"] for o in resp.output if o.type == "function_call"]
     assert calls == ["Paris", "Rome"]
@@ -227,13 +231,17 @@ async def test_call_cut_off_by_budget_is_incomplete(
     engine: FakeEngine, sdk: openai.AsyncOpenAI
 ) -> None:
     engine.add(Reply(list(call_text("Paris"))))  # one token per character
-    resp = strict_response((await sdk.responses.create(
-            model=FAKE_MODEL,
-            input="weather?",
-            tools=[WEATHER],
-            tool_choice="required",
-            max_output_tokens=40,
-        )).to_dict())
+    resp = strict_response(
+        (
+            await sdk.responses.create(
+                model=FAKE_MODEL,
+                input="weather?",
+                tools=[WEATHER],
+                tool_choice="required",
+                max_output_tokens=40,
+            )
+        ).to_dict()
+    )
     assert resp.status == "incomplete"
     assert resp.incomplete_details is not None
     assert resp.incomplete_details.reason == "max_output_tokens"

@@ -1,0 +1,559 @@
+"""PostgreSQL store: several respd processes share one database (`--store postgresql://…`).
+
+psycopg 3 with a psycopg_pool `AsyncConnectionPool`: the driver is async end to end, so the
+event loop never waits on a socket, and each store call borrows one pooled connection for
+one transaction (committed when the call returns, rolled back if it raises). The schema is
+a versioned, append-only list (`POSTGRES_MIGRATIONS`) applied under an advisory lock, so
+replicas that start together migrate once.
+
+Times are seconds since the epoch from the injected clock, as in the other stores; replicas
+sharing a database are expected to keep their clocks in step (NTP), which a lease of tens
+of seconds tolerates easily.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from respd.store.base import (
+    JSON,
+    STAT_KEYS,
+    ConversationRecord,
+    FileRecord,
+    ResponseRecord,
+)
+from respd.store.migrations import POSTGRES_MIGRATIONS, newer_than_known, statements
+
+Conn = AsyncConnection[DictRow]
+
+_RESPONSE_COLUMNS = (
+    "id, owner, created_at, status, background, previous_response_id, conversation_id, "
+    "response, input_items"
+)
+_UNFINISHED = "status IN ('queued', 'in_progress')"
+_FRESH = "updated_at >= %s"  # the last write within the TTL (the parameter is the cut-off)
+_FILE_COLUMNS = "id, owner, created_at, filename, purpose, bytes, mime_type, expires_at"
+_UNEXPIRED = "(expires_at IS NULL OR expires_at > %s)"
+# A job is stale when its lease ran out: its holder stopped renewing it (it died).
+_STALE = f"{_UNFINISHED} AND (lease_until IS NULL OR lease_until < %s)"
+MIGRATION_LOCK = 0x72657370_64  # pg_advisory_xact_lock key: "respd"
+PURGE_BATCH = 500
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _response(row: DictRow) -> ResponseRecord:
+    return ResponseRecord(
+        id=row["id"],
+        owner=row["owner"],
+        created_at=row["created_at"],
+        status=row["status"],
+        background=row["background"],
+        previous_response_id=row["previous_response_id"],
+        conversation_id=row["conversation_id"],
+        response=json.loads(row["response"]),
+        input_items=json.loads(row["input_items"]),
+    )
+
+
+def _conversation(row: DictRow) -> ConversationRecord:
+    return ConversationRecord(
+        id=row["id"],
+        owner=row["owner"],
+        created_at=row["created_at"],
+        metadata=json.loads(row["metadata"]),
+    )
+
+
+def _file(row: DictRow) -> FileRecord:
+    return FileRecord(
+        id=row["id"],
+        owner=row["owner"],
+        created_at=row["created_at"],
+        filename=row["filename"],
+        purpose=row["purpose"],
+        bytes=row["bytes"],
+        mime_type=row["mime_type"],
+        expires_at=row["expires_at"],
+    )
+
+
+def _response_row(record: ResponseRecord) -> tuple[Any, ...]:
+    return (
+        record.id,
+        record.owner,
+        record.created_at,
+        record.status,
+        record.background,
+        record.previous_response_id,
+        record.conversation_id,
+        _dumps(record.response),
+        _dumps(record.input_items),
+    )
+
+
+class PostgresStore:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        responses_ttl_secs: float = 0,
+        conversations_ttl_secs: float = 0,
+        clock: Callable[[], float] = time.time,
+        max_connections: int = 10,
+    ) -> None:
+        """Nothing connects until `open()`, which must run inside the event loop."""
+        self.dsn = dsn
+        self.responses_ttl = responses_ttl_secs
+        self.conversations_ttl = conversations_ttl_secs
+        self.clock = clock
+        self.max_connections = max_connections
+        self._pool: AsyncConnectionPool[Conn] | None = None
+
+    async def open(self) -> None:
+        pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            self.dsn,
+            min_size=1,
+            max_size=self.max_connections,
+            kwargs={"row_factory": dict_row},
+            open=False,
+            name="respd",
+        )
+        await pool.open(wait=True, timeout=30)
+        self._pool = pool
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    def _connection(self) -> AbstractAsyncContextManager[Conn]:
+        """One pooled connection, one transaction (`async with`)."""
+        if self._pool is None:
+            raise RuntimeError("PostgresStore.open() was not called")
+        return self._pool.connection()
+
+    async def _migrate(self) -> None:
+        async with self._connection() as conn:
+            # Transactional DDL under a lock: replicas starting together migrate once.
+            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+            )
+            row = await (await conn.execute("SELECT version FROM schema_version")).fetchone()
+            if row is None:
+                await conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+            version = row["version"] if row else 0
+            if version > len(POSTGRES_MIGRATIONS):
+                raise newer_than_known(version, len(POSTGRES_MIGRATIONS))
+            for number, script in enumerate(POSTGRES_MIGRATIONS[version:], start=version + 1):
+                for statement in statements(script):
+                    await conn.execute(statement)
+                await conn.execute("UPDATE schema_version SET version = %s", (number,))
+
+    def _cutoff(self, ttl: float) -> float:
+        return self.clock() - ttl if ttl > 0 else float("-inf")
+
+    # -- responses ------------------------------------------------------------------------
+
+    async def save_response(
+        self,
+        record: ResponseRecord,
+        *,
+        conversation: tuple[str, list[JSON]] | None = None,
+        events: list[JSON] | None = None,
+        worker: str | None = None,
+    ) -> bool:
+        now = self.clock()
+        async with self._connection() as conn:
+            if worker is not None:
+                # The holder's write takes the row lock first, so a concurrent delete or
+                # takeover either happened before (nothing is written) or waits for it.
+                cur = await conn.execute(
+                    "UPDATE responses SET status = %s, response = %s, input_items = %s, "
+                    "conversation_id = %s, updated_at = %s WHERE id = %s AND worker = %s "
+                    f"AND {_UNFINISHED} AND {_FRESH}",
+                    (
+                        record.status,
+                        _dumps(record.response),
+                        _dumps(record.input_items),
+                        record.conversation_id,
+                        now,
+                        record.id,
+                        worker,
+                        self._cutoff(self.responses_ttl),
+                    ),
+                )
+                if not cur.rowcount:
+                    return False
+            else:
+                # A finished record is never overwritten by an unfinished one.
+                await conn.execute(
+                    f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (id) DO UPDATE SET status = excluded.status, "
+                    "response = excluded.response, input_items = excluded.input_items, "
+                    "conversation_id = excluded.conversation_id, "
+                    "updated_at = excluded.updated_at "
+                    f"WHERE responses.{_UNFINISHED} "
+                    "OR excluded.status NOT IN ('queued', 'in_progress')",
+                    (*_response_row(record), now),
+                )
+            if conversation is not None:
+                conv_id, items = conversation
+                if await self._touch_conversation(conn, record.owner, conv_id):
+                    await _insert_items(conn, conv_id, items)
+            await _insert_events(conn, record.id, events or [])
+        return True
+
+    async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = %s AND owner = %s "
+                f"AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
+            )
+            row = await cur.fetchone()
+        return _response(row) if row else None
+
+    async def delete_response(self, owner: str, response_id: str) -> bool:
+        async with self._connection() as conn:  # its events go by ON DELETE CASCADE
+            cur = await conn.execute(
+                f"DELETE FROM responses WHERE id = %s AND owner = %s AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
+            )
+            return cur.rowcount > 0
+
+    async def read_events(self, owner: str, response_id: str, after: int) -> list[JSON]:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT e.event FROM response_events e JOIN responses r ON r.id = e.response_id "
+                "WHERE e.response_id = %s AND r.owner = %s AND r.updated_at >= %s "
+                "AND e.seq > %s ORDER BY e.seq",
+                (response_id, owner, self._cutoff(self.responses_ttl), after),
+            )
+            rows = await cur.fetchall()
+        return [json.loads(r["event"]) for r in rows]
+
+    # -- background jobs --------------------------------------------------------------------
+
+    async def start_job(self, record: ResponseRecord, worker: str, lease_secs: float) -> None:
+        now = self.clock()
+        async with self._connection() as conn:
+            await conn.execute(
+                f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at, worker, lease_until) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (*_response_row(record), now, worker, now + lease_secs),
+            )
+
+    async def renew_leases(
+        self, worker: str, response_ids: list[str], lease_secs: float
+    ) -> list[str]:
+        if not response_ids:
+            return []
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "UPDATE responses SET lease_until = %s WHERE id = ANY(%s) AND worker = %s "
+                f"AND {_UNFINISHED} AND {_FRESH} RETURNING id",
+                (
+                    self.clock() + lease_secs,
+                    response_ids,
+                    worker,
+                    self._cutoff(self.responses_ttl),
+                ),
+            )
+            held = {r["id"] for r in await cur.fetchall()}
+        return [rid for rid in response_ids if rid not in held]
+
+    async def claim_job(
+        self, response_id: str, worker: str, lease_secs: float
+    ) -> ResponseRecord | None:
+        now = self.clock()
+        async with self._connection() as conn:
+            # Under READ COMMITTED a second UPDATE of the same row waits for the first and
+            # re-checks the lease, which the first has renewed: exactly one caller wins.
+            cur = await conn.execute(
+                "UPDATE responses SET worker = %s, lease_until = %s, cancel_requested = FALSE "
+                f"WHERE id = %s AND {_STALE} RETURNING {_RESPONSE_COLUMNS}",
+                (worker, now + lease_secs, response_id, now),
+            )
+            row = await cur.fetchone()
+        return _response(row) if row else None
+
+    async def claim_stale_jobs(self, worker: str, lease_secs: float) -> list[ResponseRecord]:
+        now = self.clock()
+        async with self._connection() as conn:
+            # SKIP LOCKED: replicas sweeping at the same moment split the stale jobs between
+            # them instead of queueing on the same rows.
+            cur = await conn.execute(
+                "UPDATE responses SET worker = %s, lease_until = %s, cancel_requested = FALSE "
+                "WHERE id IN (SELECT id FROM responses "
+                f"WHERE {_STALE} ORDER BY created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED) "
+                f"RETURNING {_RESPONSE_COLUMNS}",
+                (worker, now + lease_secs, now),
+            )
+            rows = await cur.fetchall()
+        return sorted((_response(r) for r in rows), key=lambda r: (r.created_at, r.id))
+
+    async def request_cancel(self, owner: str, response_id: str) -> bool:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "UPDATE responses SET cancel_requested = TRUE "
+                f"WHERE id = %s AND owner = %s AND {_UNFINISHED} AND {_FRESH}",
+                (response_id, owner, self._cutoff(self.responses_ttl)),
+            )
+            return cur.rowcount > 0
+
+    async def cancel_requests(self, worker: str) -> list[str]:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT id FROM responses "
+                f"WHERE worker = %s AND cancel_requested AND {_UNFINISHED}",
+                (worker,),
+            )
+            return [r["id"] for r in await cur.fetchall()]
+
+    # -- conversations --------------------------------------------------------------------
+
+    async def _touch_conversation(self, conn: Conn, owner: str, conversation_id: str) -> bool:
+        """Mark a write to a visible conversation of `owner` (locking its row for the rest
+        of the transaction); False when there is none."""
+        cur = await conn.execute(
+            f"UPDATE conversations SET updated_at = %s WHERE id = %s AND owner = %s AND {_FRESH}",
+            (self.clock(), conversation_id, owner, self._cutoff(self.conversations_ttl)),
+        )
+        return cur.rowcount > 0
+
+    async def _owns_conversation(self, conn: Conn, owner: str, conversation_id: str) -> bool:
+        cur = await conn.execute(
+            f"SELECT 1 FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+            (conversation_id, owner, self._cutoff(self.conversations_ttl)),
+        )
+        return await cur.fetchone() is not None
+
+    async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None:
+        async with self._connection() as conn:
+            await conn.execute(
+                "INSERT INTO conversations (id, owner, created_at, updated_at, metadata) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (
+                    record.id,
+                    record.owner,
+                    record.created_at,
+                    self.clock(),
+                    _dumps(record.metadata),
+                ),
+            )
+            await _insert_items(conn, record.id, items)
+
+    async def get_conversation(self, owner: str, conversation_id: str) -> ConversationRecord | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"SELECT * FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+                (conversation_id, owner, self._cutoff(self.conversations_ttl)),
+            )
+            row = await cur.fetchone()
+        return _conversation(row) if row else None
+
+    async def update_conversation(
+        self, owner: str, conversation_id: str, metadata: dict[str, str]
+    ) -> ConversationRecord | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "UPDATE conversations SET metadata = %s, updated_at = %s "
+                f"WHERE id = %s AND owner = %s AND {_FRESH} RETURNING *",
+                (
+                    _dumps(metadata),
+                    self.clock(),
+                    conversation_id,
+                    owner,
+                    self._cutoff(self.conversations_ttl),
+                ),
+            )
+            row = await cur.fetchone()
+        return _conversation(row) if row else None
+
+    async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
+        async with self._connection() as conn:  # its items go by ON DELETE CASCADE
+            cur = await conn.execute(
+                f"DELETE FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+                (conversation_id, owner, self._cutoff(self.conversations_ttl)),
+            )
+            return cur.rowcount > 0
+
+    async def add_conversation_items(
+        self, owner: str, conversation_id: str, items: list[JSON]
+    ) -> bool:
+        async with self._connection() as conn:
+            if not await self._touch_conversation(conn, owner, conversation_id):
+                return False
+            await _insert_items(conn, conversation_id, items)
+            return True
+
+    async def conversation_items(self, owner: str, conversation_id: str) -> list[JSON] | None:
+        async with self._connection() as conn:
+            if not await self._owns_conversation(conn, owner, conversation_id):
+                return None
+            cur = await conn.execute(
+                "SELECT item FROM conversation_items WHERE conversation_id = %s ORDER BY pos",
+                (conversation_id,),
+            )
+            rows = await cur.fetchall()
+        return [json.loads(r["item"]) for r in rows]
+
+    async def delete_conversation_item(
+        self, owner: str, conversation_id: str, item_id: str
+    ) -> bool:
+        async with self._connection() as conn:
+            if not await self._touch_conversation(conn, owner, conversation_id):
+                return False
+            cur = await conn.execute(
+                "DELETE FROM conversation_items WHERE conversation_id = %s AND item_id = %s",
+                (conversation_id, item_id),
+            )
+            if not cur.rowcount:
+                await conn.rollback()  # nothing deleted: not a write
+                return False
+            return True
+
+    # -- files ----------------------------------------------------------------------------
+
+    async def save_file(self, record: FileRecord, content: bytes) -> None:
+        async with self._connection() as conn:
+            await conn.execute(
+                f"INSERT INTO files ({_FILE_COLUMNS}, content) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    record.id,
+                    record.owner,
+                    record.created_at,
+                    record.filename,
+                    record.purpose,
+                    record.bytes,
+                    record.mime_type,
+                    record.expires_at,
+                    content,
+                ),
+            )
+            # As in SqliteStore.save_file: expired bytes go with the next upload too.
+            await conn.execute(
+                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= %s",
+                (int(self.clock()),),
+            )
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
+                (file_id, owner, int(self.clock())),
+            )
+            row = await cur.fetchone()
+        return _file(row) if row else None
+
+    async def file_content(self, owner: str, file_id: str) -> bytes | None:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"SELECT content FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
+                (file_id, owner, int(self.clock())),
+            )
+            row = await cur.fetchone()
+        return bytes(row["content"]) if row else None
+
+    async def list_files(self, owner: str) -> list[FileRecord]:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = %s AND {_UNEXPIRED} "
+                "ORDER BY created_at, seq",
+                (owner, int(self.clock())),
+            )
+            rows = await cur.fetchall()
+        return [_file(r) for r in rows]
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                f"DELETE FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
+                (file_id, owner, int(self.clock())),
+            )
+            return cur.rowcount > 0
+
+    # -- housekeeping -----------------------------------------------------------------------
+
+    async def purge_expired(self) -> int:
+        """Delete expired rows in batches, one short transaction each (children cascade)."""
+        queries = (
+            (
+                "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
+                "WHERE updated_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+                lambda: self._cutoff(self.responses_ttl),
+            ),
+            (
+                "DELETE FROM conversations WHERE id IN (SELECT id FROM conversations "
+                "WHERE updated_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+                lambda: self._cutoff(self.conversations_ttl),
+            ),
+            (
+                "DELETE FROM files WHERE id IN (SELECT id FROM files WHERE expires_at IS NOT "
+                "NULL AND expires_at <= %s LIMIT %s FOR UPDATE SKIP LOCKED)",
+                lambda: int(self.clock()),
+            ),
+        )
+        total = 0
+        for query, cutoff in queries:
+            while True:
+                async with self._connection() as conn:
+                    removed = (await conn.execute(query, (cutoff(), PURGE_BATCH))).rowcount
+                total += removed
+                if removed < PURGE_BATCH:
+                    break
+        return total
+
+    async def stats(self) -> dict[str, int]:
+        async with self._connection() as conn:
+            cur = await conn.execute(
+                "SELECT (SELECT COUNT(*) FROM responses) AS a, "
+                "(SELECT COUNT(*) FROM conversations) AS b, "
+                "(SELECT COUNT(*) FROM conversation_items) AS c, "
+                "(SELECT COUNT(*) FROM files) AS d, "
+                "(SELECT COALESCE(SUM(bytes), 0) FROM files) AS e, "
+                "(SELECT COUNT(*) FROM response_events) AS f"
+            )
+            row = await cur.fetchone()
+        assert row is not None
+        return dict(zip(STAT_KEYS, (int(v) for v in row.values()), strict=True))
+
+
+async def _insert_items(conn: Conn, conversation_id: str, items: list[JSON]) -> None:
+    if items:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                "INSERT INTO conversation_items (conversation_id, item_id, item) "
+                "VALUES (%s, %s, %s)",
+                [(conversation_id, str(i.get("id", "")), _dumps(i)) for i in items],
+            )
+
+
+async def _insert_events(conn: Conn, response_id: str, events: list[JSON]) -> None:
+    if events:
+        rows = [(response_id, int(e["sequence_number"]), _dumps(e)) for e in events]
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                "INSERT INTO response_events (response_id, seq, event) VALUES (%s, %s, %s) "
+                "ON CONFLICT (response_id, seq) DO UPDATE SET event = excluded.event",
+                rows,
+            )
