@@ -18,6 +18,7 @@ from respd.engines.base import Engine
 from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
+from respd.service.generation.core import ActiveRuns
 from respd.service.media.resolver import MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.background import BackgroundJobs
@@ -44,7 +45,10 @@ def create_app(
     if not isinstance(models, ModelRegistry):
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
-    service = ResponsesService(models, store, media, default_max_tokens=default_max_tokens)
+    runs = ActiveRuns()
+    service = ResponsesService(
+        models, store, media, default_max_tokens=default_max_tokens, runs=runs
+    )
     jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
 
     @asynccontextmanager
@@ -70,7 +74,10 @@ def create_app(
     app.state.stored = StoredResponses(store, jobs)
     app.state.conversations = ConversationsService(store, service.media)
     app.state.files = FilesService(store, max_file_bytes)
-    app.state.chat = ChatService(models, service.media, default_max_tokens=default_max_tokens)
+    app.state.chat = ChatService(
+        models, service.media, default_max_tokens=default_max_tokens, runs=runs
+    )
+    app.state.runs = runs
     install_error_handlers(app)
     app.include_router(responses.router)
     app.include_router(conversations.router)

@@ -12,12 +12,17 @@ from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
-from respd.protocol.errors import ServerError
+from respd.protocol.errors import APIError, ServerError
 from respd.protocol.wire import wire
 from respd.service.chat.service import ChatResult, ChatService, PreparedChat, ToolCallDelta
 from respd.service.generation.output import ReasoningDelta
 
 router = APIRouter()
+
+
+def _error(result: ChatResult) -> APIError:
+    status = 503 if result.error_code == "server_shutting_down" else 500
+    return ServerError(result.error or "", code=result.error_code, status_code=status)
 
 
 async def _complete(service: ChatService, prepared: PreparedChat) -> ChatResult:
@@ -37,7 +42,7 @@ async def chat_completions(request: Request) -> Response:
     if not body.stream:
         result = await until_disconnect(request, _complete(service, prepared))
         if result.error is not None:
-            raise ServerError(result.error, code="server_error")
+            raise _error(result)
         return JSONResponse(wire(service.completion(prepared, result)))
 
     stream = service.generate(prepared)  # admission errors (503) surface before any SSE
@@ -48,8 +53,7 @@ async def chat_completions(request: Request) -> Response:
             async for item in stream:
                 if isinstance(item, ChatResult) and item.error is not None:
                     # The stream has begun: the error is its last event, as OpenAI sends one.
-                    error = ServerError(item.error, code="server_error")
-                    yield sse_frame(error.body())
+                    yield sse_frame(_error(item).body())
                 elif isinstance(item, ChatResult):
                     yield sse_frame(
                         wire(service.chunk(prepared, delta={}, finish_reason=item.finish_reason))

@@ -232,7 +232,13 @@ class GenerationDone:
     reasoning_tokens: int | None = None  # when the engine counts them itself
 
 
-GenerationEvent = TokenChunk | GenerationDone
+@dataclass
+class Admitted:
+    """The engine took the request up (a slot, a connection): sent once, before its first
+    chunk, by engines where a request may wait for capacity."""
+
+
+GenerationEvent = Admitted | TokenChunk | GenerationDone
 
 
 @dataclass
@@ -258,6 +264,11 @@ class GenerationStream(Protocol):
     def __aiter__(self) -> GenerationStream: ...
 
     async def __anext__(self) -> GenerationEvent: ...
+
+    def cancel(self) -> None:
+        """Stop generating soon; the stream still ends with its `GenerationDone`
+        (`cancelled`), so the reader learns what was produced."""
+        ...
 
     async def aclose(self) -> None: ...
 

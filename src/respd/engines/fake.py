@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from respd.engines.base import (
+    Admitted,
     EngineBusy,
     EngineStats,
     FinishReason,
@@ -185,6 +186,8 @@ class _FakeStream:
         self._steps = list(reply.chunks)
         self._produced = 0
         self._done = False
+        self._admitted = False
+        self._cancel = False
         self._limit = call.params.max_tokens
 
     def __aiter__(self) -> _FakeStream:
@@ -193,6 +196,11 @@ class _FakeStream:
     async def __anext__(self) -> GenerationEvent:
         if self._done:
             raise StopAsyncIteration
+        if not self._admitted:
+            self._admitted = True
+            return Admitted()
+        if self._cancel:
+            return self._end("cancelled")
         if self._reply.delay:
             await asyncio.sleep(self._reply.delay)
         else:
@@ -222,6 +230,9 @@ class _FakeStream:
         )
         self._engine._ended(self._call, done)
         return done
+
+    def cancel(self) -> None:
+        self._cancel = True
 
     async def aclose(self) -> None:
         if not self._done:

@@ -38,6 +38,7 @@ from llama_cpp import _internals as internals
 from llama_cpp._logger import set_verbose as set_llama_verbose
 
 from respd.engines.base import (
+    Admitted,
     ChatMessage,
     EngineBusy,
     EngineStats,
@@ -151,6 +152,9 @@ class _JobStream:
 
     def __aiter__(self) -> _JobStream:
         return self
+
+    def cancel(self) -> None:
+        self._release(self._job)
 
     async def __anext__(self) -> GenerationEvent:
         if self._done:
@@ -493,6 +497,7 @@ class LlamaCppEngine:
             job.slot = slot
             job.cached = placement.reuse
             job.fed = placement.reuse
+            job.emit(Admitted())
             room = self.context_window - len(job.prompt)
             job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
             try:

@@ -90,10 +90,12 @@ class ChatResult:
     cached_tokens: int = 0
     reasoning_tokens: int = 0
     error: str | None = None  # the generation failed: what the client is told
+    error_code: str = "server_error"
 
 
 ChatDelta = ContentDelta | ToolCallDelta | ReasoningDelta
 FAILED = "The model failed while generating this completion."
+SHUT_DOWN = "The server shut down before this completion finished."
 
 
 def _message(result: ChatResult) -> dict[str, Any]:
@@ -120,10 +122,12 @@ class ChatService:
         media: MediaResolver | None = None,
         *,
         default_max_tokens: int | None = None,
+        runs: core.ActiveRuns | None = None,
     ) -> None:
         self.models = models
         self.media = media
         self.default_max_tokens = default_max_tokens
+        self.runs = runs
 
     async def prepare(self, req: ChatCompletionRequest, owner: str = "") -> PreparedChat:
         engine = self.models.get(req.model)
@@ -188,7 +192,7 @@ class ChatService:
         """Admit the generation now (503 when the engine is full), then yield text,
         reasoning and tool-call deltas and one final `ChatResult` (whose `error` is set when
         the generation failed); closing early cancels the generation."""
-        return self._stream(prepared, core.run(prepared.generation))
+        return self._stream(prepared, core.run(prepared.generation, self.runs))
 
     async def _stream(
         self, prepared: PreparedChat, generation: core.Run
@@ -287,6 +291,8 @@ def _finish(result: ChatResult, finished: Finished) -> None:
     result.reasoning_tokens = usage.reasoning_tokens
     if finished.reason == "error":
         result.error = FAILED
+    elif finished.reason == "interrupted":
+        result.error, result.error_code = SHUT_DOWN, "server_shutting_down"
     elif finished.reason == "length":
         result.finish_reason = "length"
     elif result.tool_calls:

@@ -10,6 +10,8 @@ Closing the iterator cancels the generation.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from respd.engines.base import (
+    Admitted,
     ChatMessage,
     Engine,
     EngineBusy,
@@ -37,7 +40,10 @@ from respd.service.generation.output import (
     CallFinished,
     CallStarted,
     Finished,
+    FinishKind,
     OutputEvent,
+    Started,
+    StreamEvent,
     Usage,
 )
 from respd.service.generation.plan import plan_output
@@ -149,22 +155,84 @@ async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
 
 class Run:
     """One admitted generation: iterate it for its events; `produced` counts the tokens
-    generated so far; closing it cancels the generation."""
+    generated so far; closing it cancels the generation; `interrupt` ends it early but
+    still with its `Finished` (`interrupted`), for a server that shuts down."""
 
-    def __init__(self, prepared: PreparedGeneration, stream: GenerationStream) -> None:
+    def __init__(
+        self, prepared: PreparedGeneration, stream: GenerationStream, runs: ActiveRuns | None
+    ) -> None:
         self.produced = 0
+        self.interrupted = False
+        self._stream = stream
+        self._runs = runs
+        if runs is not None:
+            runs.add(self)
         self._events = _events(prepared, stream, self)
 
-    def __aiter__(self) -> AsyncGenerator[OutputEvent | Finished, None]:
+    def __aiter__(self) -> AsyncGenerator[StreamEvent, None]:
         return self._events
 
     async def aclose(self) -> None:
         await self._events.aclose()
 
+    def interrupt(self) -> None:
+        self.interrupted = True
+        self._stream.cancel()
 
-def run(prepared: PreparedGeneration) -> Run:
-    """Admit the generation now (503 when the engine is full) and return its events."""
+    def ended(self) -> None:
+        if self._runs is not None:
+            self._runs.discard(self)
+
+
+class ActiveRuns:
+    """The generations running in this server, so a shutdown can let them finish within a
+    grace period, then interrupt the rest (each still ends with its terminal event)."""
+
+    def __init__(self) -> None:
+        self._runs: set[Run] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.draining = False
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def add(self, run: Run) -> None:
+        self._runs.add(run)
+        self._idle.clear()
+
+    def discard(self, run: Run) -> None:
+        self._runs.discard(run)
+        if not self._runs:
+            self._idle.set()
+
+    async def drain(self, grace: float, *, settle: float = 10.0) -> int:
+        """Refuse new generations; wait up to `grace` seconds for the running ones, then
+        interrupt those left and give them `settle` seconds to send their last events.
+        Returns how many were interrupted."""
+        self.draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace)
+        left = list(self._runs)
+        for run in left:
+            run.interrupt()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), settle)
+        return len(left)
+
+
+def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
+    """Admit the generation now (503 when the engine is full, or the server is shutting
+    down) and return its events."""
     spec = prepared.spec
+    if runs is not None and runs.draining:
+        raise APIError(
+            "The server is shutting down; retry on another replica or shortly.",
+            status_code=503,
+            error_type="server_error",
+            code="server_shutting_down",
+            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+        )
     try:
         stream = prepared.engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
     except EngineBusy as exc:
@@ -175,62 +243,74 @@ def run(prepared: PreparedGeneration) -> Run:
             code="server_is_overloaded",
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         ) from exc
-    return Run(prepared, stream)
+    return Run(prepared, stream, runs)
 
 
 async def _events(
     prepared: PreparedGeneration, stream: GenerationStream, progress: Run
-) -> AsyncGenerator[OutputEvent | Finished, None]:
-    spec = prepared.spec
-    engine = prepared.engine
-    reader = OutputReader(
-        engine.profile,
-        reasoning_open=prepared.prompt.reasoning_open,
-        tool_names=prepared.tool_names,
-        max_calls=prepared.max_calls,
-        stops=spec.sampling.stop,
-        logprobs=spec.sampling.logprobs is not None,
-    )
-    guard = RepeatGuard()
-    done: GenerationDone | None = None
-    produced = 0
-    ended = False  # a stop sequence or a repeated call ended the turn early
+) -> AsyncGenerator[StreamEvent, None]:
     try:
-        async with aclosing(stream):
-            async for chunk in stream:
-                if isinstance(chunk, GenerationDone):
-                    done = chunk
-                    continue
-                produced += chunk.n_tokens
-                progress.produced = produced
-                for event in guard.filter(reader.feed(chunk)):
-                    yield event
-                if reader.stopped or guard.ended:
-                    ended = True
-                    break  # closing the stream cancels the rest of the generation
-        cut_off = done is not None and done.finish_reason == "length"
-        for event in guard.filter(reader.finish(cut_off=cut_off)):
-            yield event
-    except Exception as exc:  # the engine broke: the adapters end honestly
-        log.exception("generation raised")
-        done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
-    if done is None or (ended and done.finish_reason == "cancelled"):
-        if ended:
-            done = GenerationDone("stop", prepared.prompt_tokens, produced)
-        else:
-            error = "the generation ended without a result"
-            done = GenerationDone("error", prepared.prompt_tokens, produced, error=error)
-    usage = Usage(
-        input_tokens=done.prompt_tokens,
-        output_tokens=done.completion_tokens or produced,
-        cached_tokens=done.cached_tokens,
-        reasoning_tokens=(
-            reader.reasoning_tokens if done.reasoning_tokens is None else done.reasoning_tokens
-        ),
-    )
-    if done.finish_reason == "error":
-        log.error("generation failed: %s", done.error)
-    yield Finished(done.finish_reason, usage, calls=guard.calls, error=done.error)
+        spec = prepared.spec
+        engine = prepared.engine
+        reader = OutputReader(
+            engine.profile,
+            reasoning_open=prepared.prompt.reasoning_open,
+            tool_names=prepared.tool_names,
+            max_calls=prepared.max_calls,
+            stops=spec.sampling.stop,
+            logprobs=spec.sampling.logprobs is not None,
+        )
+        guard = RepeatGuard()
+        done: GenerationDone | None = None
+        produced = 0
+        ended = False  # a stop sequence or a repeated call ended the turn early
+        started = False
+        try:
+            async with aclosing(stream):
+                async for chunk in stream:
+                    if isinstance(chunk, GenerationDone):
+                        done = chunk
+                        continue
+                    if not started:
+                        started = True
+                        yield Started()
+                    if isinstance(chunk, Admitted):
+                        continue
+                    produced += chunk.n_tokens
+                    progress.produced = produced
+                    for event in guard.filter(reader.feed(chunk)):
+                        yield event
+                    if reader.stopped or guard.ended:
+                        ended = True
+                        break  # closing the stream cancels the rest of the generation
+            cut_off = done is not None and done.finish_reason == "length"
+            for event in guard.filter(reader.finish(cut_off=cut_off)):
+                yield event
+        except Exception as exc:  # the engine broke: the adapters end honestly
+            log.exception("generation raised")
+            done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
+        if done is None or (ended and done.finish_reason == "cancelled"):
+            if ended:
+                done = GenerationDone("stop", prepared.prompt_tokens, produced)
+            else:
+                error = "the generation ended without a result"
+                done = GenerationDone("error", prepared.prompt_tokens, produced, error=error)
+        usage = Usage(
+            input_tokens=done.prompt_tokens,
+            output_tokens=done.completion_tokens or produced,
+            cached_tokens=done.cached_tokens,
+            reasoning_tokens=(
+                reader.reasoning_tokens if done.reasoning_tokens is None else done.reasoning_tokens
+            ),
+        )
+        if done.finish_reason == "error":
+            log.error("generation failed: %s", done.error)
+        reason: FinishKind = done.finish_reason
+        if reason == "cancelled" and progress.interrupted:
+            reason = "interrupted"
+        yield Finished(reason, usage, calls=guard.calls, error=done.error)
+    finally:
+        progress.ended()
 
 
 def _same_arguments(a: str, b: str) -> bool:

@@ -15,6 +15,11 @@ from respd.engines.base import TokenLogprob
 
 
 @dataclass
+class Started:
+    """The engine took the generation up (it may have waited for a free slot)."""
+
+
+@dataclass
 class TextDelta:
     text: str
     # Where `text` starts in all the raw text read so far (message text is always a verbatim
@@ -58,13 +63,14 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-FinishKind = Literal["stop", "length", "cancelled", "error"]
+FinishKind = Literal["stop", "length", "cancelled", "interrupted", "error"]
 
 
 @dataclass
 class Finished:
     """The last event. `reason`: `stop` (the model ended its turn, or a stop sequence or a
-    repeated call ended it), `length` (the token budget ran out), `cancelled`, `error`."""
+    repeated call ended it), `length` (the token budget ran out), `cancelled` (on request),
+    `interrupted` (the server is shutting down), `error`."""
 
     reason: FinishKind
     usage: Usage
@@ -73,3 +79,4 @@ class Finished:
 
 
 OutputEvent = TextDelta | ReasoningDelta | CallStarted | ArgumentsDelta | CallFinished
+StreamEvent = Started | OutputEvent | Finished

@@ -207,18 +207,28 @@ class ResponseEventMachine:
         return self._seq
 
     def start(self) -> list[ResponseStreamEvent]:
-        """`created` (+ `queued` for a background response, which starts out queued), then
-        `in_progress`."""
+        """`created`, then `in_progress`; a background response (which starts out queued)
+        stays `queued` until the engine takes it up (`begin`)."""
         snap = self.snapshot()
         events = [self._event(ResponseCreatedEvent, type="response.created", response=snap)]
         if self.status == "queued":
             events.append(self._event(ResponseQueuedEvent, type="response.queued", response=snap))
-            self.status = "in_progress"
-            snap = self.snapshot()
+            return events
         events.append(
             self._event(ResponseInProgressEvent, type="response.in_progress", response=snap)
         )
         return events
+
+    def begin(self) -> list[ResponseStreamEvent]:
+        """The engine took the response up: a queued one is now `in_progress`."""
+        if self.status != "queued":
+            return []
+        self.status = "in_progress"
+        return [
+            self._event(
+                ResponseInProgressEvent, type="response.in_progress", response=self.snapshot()
+            )
+        ]
 
     def _open_text(self, kind: TextKind) -> list[ResponseStreamEvent]:
         """Close whatever is open, then announce a new item of `kind` and its part."""
@@ -417,21 +427,26 @@ class ResponseEventMachine:
             return self.cancel(usage=finished.usage)
         if finished.reason == "length":
             return self.finish(usage=finished.usage, incomplete_reason="max_output_tokens")
+        if finished.reason == "interrupted":
+            # The server shut down: incomplete, with no reason the API defines for it.
+            return self.finish(usage=finished.usage, incomplete=True)
         return self.finish(usage=finished.usage)
 
     def finish(
-        self, *, usage: Usage, incomplete_reason: str | None = None
+        self, *, usage: Usage, incomplete_reason: str | None = None, incomplete: bool = False
     ) -> list[ResponseStreamEvent]:
-        """Close open items and emit `response.completed` or `response.incomplete`."""
+        """Close open items and emit `response.completed` or `response.incomplete` (with
+        `incomplete_reason`, or none when `incomplete` alone is set)."""
         self.usage = usage
-        item_status = "incomplete" if incomplete_reason else "completed"
+        incomplete = incomplete or incomplete_reason is not None
+        item_status = "incomplete" if incomplete else "completed"
         events = self._close_open(item_status)
         # An empty answer is still one (empty) message; a budget spent while thinking
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
-        if not self.output or not (answered or incomplete_reason):
+        if not self.output or not (answered or incomplete):
             events += self._open_text("message") + self._close_text(item_status)
-        if incomplete_reason:
+        if incomplete:
             self.status = "incomplete"
             self.incomplete_reason = incomplete_reason
             events.append(

@@ -19,7 +19,7 @@ from respd.protocol.wire import wire
 from respd.service.generation import core
 from respd.service.generation.core import GenerationSpec, Params, PreparedGeneration
 from respd.service.generation.logprobs import check_top_logprobs
-from respd.service.generation.output import Finished
+from respd.service.generation.output import Finished, Started
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
 from respd.service.media.lowering import Lowering, require_effective_input
@@ -165,11 +165,13 @@ class ResponsesService:
         media: MediaSettings | None = None,
         *,
         default_max_tokens: int | None = None,
+        runs: core.ActiveRuns | None = None,
     ) -> None:
         self.models = models
         self.store = store
         self.media = MediaResolver(store, media)
         self.default_max_tokens = default_max_tokens
+        self.runs = runs
 
     async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
         """Everything up to the first event; raises (and stores nothing) on a bad request."""
@@ -305,7 +307,7 @@ class ResponsesService:
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         """Admit the generation now (a full engine is a 503 here, before any event) and
         return the events; closing the iterator cancels the generation."""
-        generation = core.run(prepared.generation)
+        generation = core.run(prepared.generation, self.runs)
         return self._events(machine or ResponseEventMachine(prepared.echo), generation)
 
     async def _events(
@@ -317,8 +319,10 @@ class ResponsesService:
             async for item in generation:
                 machine.generated_tokens = generation.produced
                 if isinstance(item, Finished):
-                    for event in machine.end(item):
-                        yield event
+                    events = machine.end(item)
+                elif isinstance(item, Started):
+                    events = machine.begin()
                 else:
-                    for event in machine.apply(item):
-                        yield event
+                    events = machine.apply(item)
+                for event in events:
+                    yield event
