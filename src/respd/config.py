@@ -247,6 +247,13 @@ class Settings(BaseSettings):
     remote_media_timeout_secs: float = Field(
         10.0, gt=0, description="Time limit for fetching one remote image or file."
     )
+    shutdown_grace_secs: float = Field(
+        30.0,
+        ge=0.0,
+        description="On SIGTERM/SIGINT: seconds running generations may take to finish before "
+        "they are ended as incomplete (each client still gets its terminal event); new "
+        "requests get a 503 meanwhile. The process then exits 0.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."
     )

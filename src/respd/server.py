@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import socket
+import threading
 import time
+from collections.abc import Iterator
 
 import uvicorn
 from rich.console import Console
@@ -11,11 +16,52 @@ from rich.console import Console
 from respd.api.app import create_app
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.service.generation.core import ActiveRuns
 from respd.service.media.resolver import MediaSettings
 from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
 
 log = logging.getLogger(__name__)
+
+
+CONNECTIONS_GRACE_SECS = 5
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a graceful shutdown that knows about generations: on SIGTERM (or
+    SIGINT) it stops accepting connections, lets running generations finish for up to
+    `grace` seconds, then interrupts the rest (each client still gets its terminal event:
+    `response.incomplete`, or Chat's error event) and exits 0."""
+
+    def __init__(self, config: uvicorn.Config, runs: ActiveRuns, grace: float) -> None:
+        super().__init__(config)
+        self.runs = runs
+        self.grace = grace
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:
+            server.close()  # no new connections while draining
+        if len(self.runs):
+            log.info("waiting up to %gs for %d generation(s)", self.grace, len(self.runs))
+        interrupted = await self.runs.drain(self.grace)
+        if interrupted:
+            log.warning("interrupted %d generation(s) at shutdown", interrupted)
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn raises a handled SIGTERM again once it has shut down, so the process dies
+        # of it (exit 143); a shutdown that completed is a clean exit here.
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
@@ -107,9 +153,10 @@ def serve(settings: Settings) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=5,
+        # Generations were drained already (`DrainingServer`); this bounds the rest.
+        timeout_graceful_shutdown=CONNECTIONS_GRACE_SECS,
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.runs, settings.shutdown_grace_secs)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     if settings.store == "memory" or settings.store.startswith(("postgres:", "postgresql:")):
         where = redacted(settings.store)
