@@ -78,7 +78,7 @@ def generate(
         async for event in stream:
             if isinstance(event, TokenChunk):
                 text.append(event.text)
-            else:
+            elif isinstance(event, GenerationDone):
                 return "".join(text), event
         raise AssertionError("stream ended without GenerationDone")
 

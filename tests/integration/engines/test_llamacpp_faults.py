@@ -6,6 +6,7 @@ engine method for one request."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from respd.engines.base import (
     ChatMessage,
     EngineBusy,
     GenerationDone,
+    GenerationStream,
     PromptRequest,
     SamplingParams,
     TokenChunk,
@@ -89,6 +91,27 @@ def test_a_failing_sampler_fails_only_its_request(
     # The worker is still serving.
     _, after = asyncio.run(_run(engine, SamplingParams(max_tokens=4, temperature=0)))
     assert after.finish_reason in ("stop", "length")
+
+
+def test_a_consumer_whose_loop_closed_does_not_stop_the_worker(engine: LlamaCppEngine) -> None:
+    """A caller that stops reading after the first event and closes its event loop leaves
+    a job whose events have nowhere to go; that job ends, the worker goes on."""
+
+    async def first_event_only() -> GenerationStream:
+        prompt = await engine.prepare(PromptRequest([ChatMessage("user", "Count to 50.")]))
+        stream = engine.generate(prompt, SamplingParams(max_tokens=200, temperature=0))
+        await anext(aiter(stream))
+        return stream
+
+    loop = asyncio.new_event_loop()
+    abandoned = loop.run_until_complete(first_event_only())  # held open, never read again
+    loop.close()  # the job's next event finds a closed loop
+    time.sleep(0.5)
+    _, done = asyncio.run(_run(engine, SamplingParams(max_tokens=8, temperature=0)))
+    assert done.finish_reason in ("stop", "length")
+    stats = engine.stats()
+    assert stats.healthy, stats
+    del abandoned
 
 
 def test_a_dead_worker_is_unhealthy_and_fails_requests(

@@ -122,7 +122,12 @@ class _Job:
     )
 
     def emit(self, event: GenerationEvent) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, event)
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, event)
+        except RuntimeError:
+            # The consumer's event loop is closed: nobody reads this job any more, so it
+            # ends at the next step like a cancelled one instead of stopping the worker.
+            self.cancel.set()
 
     def spans(self) -> list[tuple[int, int]]:
         return [(start, chunk.n_tokens) for start, chunk in self.images]
