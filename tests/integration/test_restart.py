@@ -1,5 +1,6 @@
-"""State survives a restart on the same data dir (SIGTERM and SIGKILL), and a background
-job that was running when the process died comes back `failed`, never stuck in progress."""
+"""State survives a restart on the same data dir (SIGTERM and SIGKILL). A background job the
+shutdown drain interrupts is stored `incomplete`; one running when the process died comes
+back `failed`; none stays in progress."""
 
 from __future__ import annotations
 
@@ -74,16 +75,25 @@ def test_state_survives_sigterm_and_sigkill(tmp_path: Path) -> None:
     third.assert_no_5xx()
 
 
-def test_sigterm_during_background_job_stores_it_failed(tmp_path: Path) -> None:
-    server = _start(tmp_path)
+def test_sigterm_during_background_job_stores_what_it_made(tmp_path: Path) -> None:
+    """A background job the drain interrupts is stored terminal, incomplete with the
+    output it had, never left in progress for the next start."""
+    server = _start(tmp_path, "--shutdown-grace-secs", "1")
     client = server.client()
     job = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+    deadline = time.monotonic() + 60
+    while client.responses.retrieve(job.id).status == "queued" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # some output exists
     _kill(server, signal.SIGTERM)
+    assert server.process.returncode == 0
     server.assert_no_5xx()
     again = _start(tmp_path)
     try:
         got = strict(again.client().responses.retrieve(job.id))
-        assert got.status == "failed" and got.error is not None
+        assert got.status == "incomplete" and got.error is None
+        assert got.output_text
+        assert got.usage is not None and 0 < got.usage.output_tokens < 1500
     finally:
         again.stop()
 
