@@ -9,6 +9,7 @@ schema-valid on every seed.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
@@ -270,6 +271,69 @@ def test_parallel_calls_and_max_tool_calls(client: openai.OpenAI) -> None:
         assert [o.type for o in r.output] == ["function_call"] * len(calls)
         counts.append(len(calls))
     assert 2 in counts, "several calls per turn when parallel calls are allowed"
+
+
+# The weather tool of the Open Responses compliance suite: a free-text location, no bounds.
+COMPLIANCE_WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather for a location",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "location": {"type": "string", "description": "The city and state, e.g. Paris"}
+        },
+        "required": ["location"],
+    },
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_call_without_a_budget_ends_promptly_without_repeats(
+    client: openai.OpenAI, seed: int
+) -> None:
+    """Forced calls with no `max_output_tokens`: the model repeating its call ends the turn
+    (the repeat is not emitted), so the response ends well before the context does, and
+    every call it holds has whole JSON arguments."""
+    started = time.monotonic()
+    r = client.responses.with_raw_response.create(
+        model=MODEL_ID,
+        input="What's the weather like in San Francisco?",
+        tools=[COMPLIANCE_WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        extra_body={"seed": seed},
+    )
+    elapsed = time.monotonic() - started
+    resp = strict_response(json.loads(r.text))
+    calls = calls_of(resp)
+    assert resp.status == "completed" and calls
+    keys = [(c.name, json.loads(c.arguments)) for c in calls]
+    assert all(k == "get_weather" and isinstance(a.get("location"), str) for k, a in keys)
+    assert len({json.dumps(a, sort_keys=True) for _, a in keys}) == len(keys), keys
+    assert resp.usage is not None and resp.usage.output_tokens < 400
+    assert elapsed < 60
+
+
+def test_a_call_cut_off_by_the_budget_is_incomplete(client: openai.OpenAI) -> None:
+    """A budget that ends inside the arguments makes the call item and the response
+    `incomplete`; the cut-off arguments are never passed off as a completed call."""
+    r = client.responses.with_raw_response.create(
+        model=MODEL_ID,
+        input="What's the weather like in San Francisco?",
+        tools=[COMPLIANCE_WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        temperature=0,  # greedy: the budget ends inside the location string
+        max_output_tokens=24,
+    )
+    resp = strict_response(json.loads(r.text))
+    assert resp.status == "incomplete"
+    assert resp.incomplete_details is not None
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    calls = calls_of(resp)
+    assert calls and calls[-1].status == "incomplete"
+    assert all(c.status == "completed" for c in calls[:-1])
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(calls[-1].arguments)
 
 
 def test_round_trip_call_then_output_then_answer(client: openai.OpenAI) -> None:
