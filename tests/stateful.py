@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -26,6 +27,32 @@ def create(client: Any, text: Any = "Say hi.", **kw: Any) -> Response:
     kw.setdefault("max_output_tokens", 6)
     kw.setdefault("temperature", 0)
     return strict(client.responses.create(model=MODEL_ID, input=text, **kw))
+
+
+def leave_background_stream(client: Any, last: int, **kw: Any) -> list[Any]:
+    """Start a streamed background count, read its events up to sequence number `last`
+    (strictly validated) and hang up; the job carries on without a reader."""
+    stream = client.responses.create(
+        model=MODEL_ID, input=LONG_PROMPT, background=True, stream=True, temperature=0, **kw
+    )
+    seen = []
+    for event in stream:
+        seen.append(strict_event(event))
+        if event.sequence_number >= last:
+            break
+    stream.close()
+    return seen
+
+
+def poll(client: Any, response_id: str, until: Any, timeout: float = 120) -> Response:
+    """Retrieve `response_id` until `until(response)` holds (or fail after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = strict(client.responses.retrieve(response_id))
+        if until(got):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{response_id} never reached the awaited state")
 
 
 def engine_stats(base_url: str) -> dict[str, int]:

@@ -9,26 +9,24 @@ from typing import Any
 import openai
 import pytest
 
-from tests.servers import MODEL_ID, RespdServer
-from tests.stateful import LONG_PROMPT, create, engine_stats, strict, strict_event
+from tests.servers import RespdServer
+from tests.stateful import (
+    LONG_PROMPT,
+    create,
+    engine_stats,
+    leave_background_stream,
+    poll,
+    strict,
+    strict_event,
+)
 
 TERMINAL = {"completed", "incomplete", "failed", "cancelled"}
-
-
-def _poll(client: openai.OpenAI, response_id: str, until: Any, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = strict(client.responses.retrieve(response_id))
-        if until(got):
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"{response_id} never reached the awaited state")
 
 
 def test_background_poll_to_completion(sclient: openai.OpenAI) -> None:
     queued = create(sclient, background=True, max_output_tokens=8)
     assert queued.status == "queued" and queued.background is True and queued.output == []
-    done = _poll(sclient, queued.id, lambda r: r.status in TERMINAL)
+    done = poll(sclient, queued.id, lambda r: r.status in TERMINAL)
     assert done.status in ("completed", "incomplete") and done.output_text
     assert done.usage is not None and done.usage.output_tokens > 0
     # Cancelling a finished response returns it unchanged.
@@ -40,7 +38,7 @@ def test_background_cancel_stops_generation(
 ) -> None:
     before = engine_stats(stateful_server.base_url)
     queued = create(sclient, LONG_PROMPT, background=True, max_output_tokens=1500)
-    running = _poll(sclient, queued.id, lambda r: len(r.output_text) > 10)
+    running = poll(sclient, queued.id, lambda r: len(r.output_text) > 10)
     assert running.status == "in_progress"
     cancelled = strict(sclient.responses.cancel(queued.id))
     assert cancelled.status == "cancelled"
@@ -62,20 +60,8 @@ def test_background_cancel_stops_generation(
 
 
 def test_background_stream_resumes_with_starting_after(sclient: openai.OpenAI) -> None:
-    stream = sclient.responses.create(
-        model=MODEL_ID,
-        input=LONG_PROMPT,
-        background=True,
-        stream=True,
-        max_output_tokens=40,
-        temperature=0,
-    )
-    seen = []
-    for event in stream:
-        seen.append(strict_event(event))
-        if event.sequence_number >= 6:
-            break
-    stream.close()  # the client goes away; the job carries on
+    # The client goes away after a few events; the job carries on.
+    seen = leave_background_stream(sclient, 6, max_output_tokens=40)
     first = seen[0]
     assert first.type == "response.created" and first.response.status == "queued"
     assert [e.type for e in seen[:3]] == [
@@ -123,7 +109,7 @@ def test_deleting_a_running_job_stops_it(
     sclient: openai.OpenAI, stateful_server: RespdServer
 ) -> None:
     queued = create(sclient, LONG_PROMPT, background=True, max_output_tokens=1500)
-    _poll(sclient, queued.id, lambda r: len(r.output_text) > 0)
+    poll(sclient, queued.id, lambda r: len(r.output_text) > 0)
     sclient.responses.delete(queued.id)
     with pytest.raises(openai.NotFoundError):
         sclient.responses.retrieve(queued.id)
@@ -139,7 +125,7 @@ def test_deleting_a_running_job_stops_it(
 def test_background_turn_joins_its_conversation(sclient: openai.OpenAI) -> None:
     conv = sclient.conversations.create()
     queued = create(sclient, "Hello.", background=True, conversation=conv.id)
-    done = _poll(sclient, queued.id, lambda r: r.status in TERMINAL)
+    done = poll(sclient, queued.id, lambda r: r.status in TERMINAL)
     items = sclient.conversations.items.list(conv.id, order="asc").data
     assert [i.id for i in items][-1] == done.output[0].id
     assert len(items) == 2

@@ -10,17 +10,10 @@ import jsonschema
 import openai
 import pytest
 
+from tests.schemas import WEATHER_PARAMS
 from tests.servers import MODEL_ID
 
-PARAMS = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 24},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+PARAMS = WEATHER_PARAMS
 TOOLS: list[Any] = [
     {
         "type": "function",

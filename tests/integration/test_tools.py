@@ -18,6 +18,7 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseFunctionToolCall
 
+from tests.schemas import WEATHER_PARAMS
 from tests.sdk_types import strict_event, strict_response
 from tests.servers import MODEL_ID, RespdServer
 
@@ -25,15 +26,7 @@ WEATHER = {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 24},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
+    "parameters": WEATHER_PARAMS,
     "strict": True,
 }
 TIME = {
@@ -85,21 +78,26 @@ def create(client: openai.OpenAI, **kw: Any) -> Response:
     return strict_response(json.loads(r.text))
 
 
+def forced_call(client: openai.OpenAI, choice: Any, seed: int) -> Response:
+    """One sampled (temperature 1) answer to PROMPT under a forcing `tool_choice`."""
+    return create(
+        client,
+        input=PROMPT,
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+        temperature=1.0,
+        extra_body={"seed": seed},
+    )
+
+
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_stock"}])
 def test_forced_calls_are_schema_valid_on_20_seeds(
     client: openai.OpenAI, choice: str | dict[str, str]
 ) -> None:
     allowed = {"get_stock"} if isinstance(choice, dict) else set(SCHEMAS)
     for seed in range(20):
-        r = create(
-            client,
-            input=PROMPT,
-            tools=TOOLS,
-            tool_choice=choice,
-            parallel_tool_calls=False,
-            temperature=1.0,
-            extra_body={"seed": seed},
-        )
+        r = forced_call(client, choice, seed)
         assert r.status == "completed", (seed, r.output)
         calls = calls_of(r)
         assert len(calls) == 1, (seed, r.output)
@@ -112,15 +110,7 @@ def test_template_families_force_valid_calls(family_server: RespdServer) -> None
     client = family_server.client()
     for seed in range(20):
         choice: Any = "required" if seed % 2 else {"type": "function", "name": "get_weather"}
-        r = create(
-            client,
-            input=PROMPT,
-            tools=TOOLS,
-            tool_choice=choice,
-            parallel_tool_calls=False,
-            temperature=1.0,
-            extra_body={"seed": seed},
-        )
+        r = forced_call(client, choice, seed)
         calls = calls_of(r)
         assert r.status == "completed" and len(calls) == 1, (family_server.args, seed, r.output)
         assert_valid_call(calls[0], set(SCHEMAS) if seed % 2 else {"get_weather"})

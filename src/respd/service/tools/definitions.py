@@ -171,38 +171,38 @@ def _allowed(
 
 
 def responses_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
-    if choice is None:
-        return ToolPolicy()
-    if isinstance(choice, str):
-        return ToolPolicy(mode=_string_choice(choice, tools))
-    kind = choice.get("type")
-    if kind == "function":
-        return ToolPolicy("required", (_declared(choice.get("name"), tools, "tool_choice.name"),))
-    if kind == "allowed_tools":
-        return _allowed(choice.get("mode"), choice.get("tools"), tools, "tool_choice", nested=False)
-    raise Unsupported(
-        f"tool_choice of type '{kind}' is not supported; only function tools are.",
-        param="tool_choice.type",
-    )
+    return _tool_choice(choice, tools, chat=False)
 
 
 def chat_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
+    return _tool_choice(choice, tools, chat=True)
+
+
+def _tool_choice(choice: Any, tools: list[ToolDefinition], *, chat: bool) -> ToolPolicy:
+    """`tool_choice` of either API; Chat nests the function's name under `function` and
+    the allowed list under `allowed_tools`."""
     if choice is None:
         return ToolPolicy()
     if isinstance(choice, str):
         return ToolPolicy(mode=_string_choice(choice, tools))
     kind = choice.get("type")
     if kind == "function":
-        fn = choice.get("function")
+        fn = choice.get("function") if chat else choice
         name = fn.get("name") if isinstance(fn, dict) else None
-        return ToolPolicy("required", (_declared(name, tools, "tool_choice.function.name"),))
+        param = "tool_choice.function.name" if chat else "tool_choice.name"
+        return ToolPolicy("required", (_declared(name, tools, param),))
     if kind == "allowed_tools":
-        spec = choice.get("allowed_tools")
-        if not isinstance(spec, dict):
-            raise MissingParameter("tool_choice.allowed_tools")
-        return _allowed(
-            spec.get("mode"), spec.get("tools"), tools, "tool_choice.allowed_tools", nested=True
+        spec, param = (
+            (choice.get("allowed_tools"), "tool_choice.allowed_tools")
+            if chat
+            else (
+                choice,
+                "tool_choice",
+            )
         )
+        if not isinstance(spec, dict):
+            raise MissingParameter(param)
+        return _allowed(spec.get("mode"), spec.get("tools"), tools, param, nested=chat)
     raise Unsupported(
         f"tool_choice of type '{kind}' is not supported; only function tools are.",
         param="tool_choice.type",
