@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+# OpenAI's `logit_bias`: token ids (as JSON object keys) to a finite bias in [-100, 100].
+TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
+LogitBias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
 
 
 class StreamOptions(BaseModel):
@@ -40,4 +44,4 @@ class ChatCompletionRequest(BaseModel):
     store: bool | None = None
     reasoning_effort: str | None = None
     service_tier: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[TokenId, LogitBias] | None = None
