@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 from pydantic import ValidationError
 
 from respd import __version__
 from respd.config import Settings
+from respd.logs import configure_logging
 
 
 def _flag_type(annotation: Any) -> Any:
@@ -27,7 +27,9 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in Settings.model_fields.items():
         flag = "--" + name.replace("_", "-")
         env = "RESPD_" + name.upper()
-        if field.default_factory is not None:
+        if field.default_factory is list:
+            default_text = "none"
+        elif field.default_factory is not None:
             default_text = "computed"
         else:
             default_text = repr(field.default) if field.default is not None else "none"
@@ -36,6 +38,12 @@ def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if literal_args:
             choices = literal_args
         help_text = f"{field.description} [env: {env}] [default: {default_text}]"
+        if get_origin(field.annotation) is list:
+            # Repeatable; each value may also be comma-separated.
+            parser.add_argument(
+                flag, dest=name, action="append", default=None, metavar=name.upper(), help=help_text
+            )
+            continue
         if field.annotation is bool:
             # `--flag` alone switches it on; `--flag false` (or true) is explicit.
             parser.add_argument(
@@ -94,10 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             settings = settings_from_args(args)
         except ValidationError as exc:
             parser.error(str(exc))
-        logging.basicConfig(
-            level=settings.log_level.upper(),
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        )
+        configure_logging(settings)
         from respd.server import serve  # deferred: keeps `--help` fast and model-free
 
         sys.exit(serve(settings))

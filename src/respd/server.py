@@ -8,15 +8,21 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 from rich.console import Console
 
 from respd.api.app import create_app
+from respd.api.guard import MULTIPART_OVERHEAD, GuardSettings, default_allowed_hosts, is_loopback
+from respd.api.identity import KeyRing
+from respd.api.quotas import QuotaSettings
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.header_timeout import header_timeout_protocol
+from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
+from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaSettings
 from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
@@ -33,10 +39,17 @@ class DrainingServer(uvicorn.Server):
     `grace` seconds, then interrupts the rest (each client still gets its terminal event:
     `response.incomplete`, or Chat's error event) and exits 0."""
 
-    def __init__(self, config: uvicorn.Config, runs: ActiveRuns, grace: float) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        runs: ActiveRuns,
+        grace: float,
+        on_hangup: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
         self.runs = runs
         self.grace = grace
+        self.on_hangup = on_hangup
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
@@ -57,6 +70,9 @@ class DrainingServer(uvicorn.Server):
             return
         handled = (signal.SIGINT, signal.SIGTERM)
         original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        if self.on_hangup is not None and hasattr(signal, "SIGHUP"):
+            hangup = self.on_hangup
+            original[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: hangup())
         try:
             yield
         finally:
@@ -134,9 +150,28 @@ def media_settings(settings: Settings) -> MediaSettings:
     )
 
 
+def guard_settings(settings: Settings) -> GuardSettings:
+    return GuardSettings(
+        allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
+        cors_origins=settings.cors_origins,
+        max_request_bytes=settings.max_request_bytes,
+        max_upload_bytes=settings.max_file_bytes + MULTIPART_OVERHEAD,
+    )
+
+
 def serve(settings: Settings) -> int:
     console = Console(stderr=True)
     store = build_store(settings)  # before the model: a bad --store fails fast
+    try:
+        keys = KeyRing(settings.api_key, settings.api_keys_file)
+    except OSError as exc:
+        raise SystemExit(f"respd: cannot read the API keys file: {exc}") from exc
+    if not keys.enabled and not is_loopback(settings.host):
+        log.warning(
+            "no API keys are configured and respd listens on %s: anyone who can reach it "
+            "can read and delete everything stored; set --api-key or --api-keys-file",
+            settings.host,
+        )
     engine = load_engine(settings, console)
     app = create_app(
         engine,
@@ -147,16 +182,30 @@ def serve(settings: Settings) -> int:
         max_file_bytes=settings.max_file_bytes,
         job_lease_secs=settings.job_lease_secs,
         purge_interval_secs=settings.store_purge_interval_secs,
+        metrics_api_key=settings.metrics_api_key,
+        keys=keys,
+        guard=guard_settings(settings),
+        input_limits=InputLimits(
+            settings.max_input_items, settings.max_input_chars, settings.max_tools
+        ),
+        quotas=QuotaSettings(
+            settings.rate_limit_rpm, settings.rate_limit_tpm, settings.max_streams_per_key
+        ),
     )
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=uvicorn_log_config(settings),
         # Generations were drained already (`DrainingServer`); this bounds the rest.
         timeout_graceful_shutdown=CONNECTIONS_GRACE_SECS,
+        # uvicorn's h11 protocol, closing connections that stall before a request head.
+        http=header_timeout_protocol(settings.header_timeout_secs),
     )
-    server = DrainingServer(config, app.state.runs, settings.shutdown_grace_secs)
+    server = DrainingServer(
+        config, app.state.runs, settings.shutdown_grace_secs, on_hangup=keys.reload
+    )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     if settings.store == "memory" or settings.store.startswith(("postgres:", "postgresql:")):
         where = redacted(settings.store)

@@ -9,16 +9,28 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
 from respd import __version__
 from respd.api import chat, conversations, files, responses
 from respd.api import models as model_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
+from respd.api.guard import GuardSettings, RequestGuard
+from respd.api.identity import AuthMiddleware, KeyRing
+from respd.api.metrics import install_metrics
+from respd.api.quotas import (
+    EXPOSED_HEADERS,
+    KeyQuotas,
+    QuotaMiddleware,
+    QuotaSettings,
+    TokenAccounting,
+)
 from respd.engines.base import Engine
 from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
 from respd.service.generation.core import ActiveRuns
+from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.background import BackgroundJobs
@@ -39,6 +51,11 @@ def create_app(
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     job_lease_secs: float = DEFAULT_JOB_LEASE_SECS,
     purge_interval_secs: float = DEFAULT_PURGE_INTERVAL_SECS,
+    metrics_api_key: str | None = None,
+    keys: KeyRing | None = None,
+    guard: GuardSettings | None = None,
+    input_limits: InputLimits | None = None,
+    quotas: QuotaSettings | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -47,7 +64,7 @@ def create_app(
     store = store if store is not None else MemoryStore()
     runs = ActiveRuns()
     service = ResponsesService(
-        models, store, media, default_max_tokens=default_max_tokens, runs=runs
+        models, store, media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
     )
     jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
 
@@ -75,8 +92,9 @@ def create_app(
     app.state.conversations = ConversationsService(store, service.media)
     app.state.files = FilesService(store, max_file_bytes)
     app.state.chat = ChatService(
-        models, service.media, default_max_tokens=default_max_tokens, runs=runs
+        models, service.media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
     )
+    app.state.quotas = KeyQuotas(quotas or QuotaSettings())
     app.state.runs = runs
     install_error_handlers(app)
     app.include_router(responses.router)
@@ -84,5 +102,22 @@ def create_app(
     app.include_router(files.router)
     app.include_router(chat.router)
     app.include_router(model_routes.router)
+    # The last added runs first: request id, then the guard, CORS, and who is asking.
+    if quotas is not None and quotas.any:
+        app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
+    app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
+    if guard is not None and guard.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(guard.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=EXPOSED_HEADERS,
+        )
+    if guard is not None:
+        app.add_middleware(RequestGuard, settings=guard)
     app.add_middleware(RequestIdMiddleware)
+    install_metrics(app, models, store, runs, metrics_api_key)
+    if quotas is not None and quotas.tokens_per_minute:
+        runs.observer = TokenAccounting(app.state.quotas, then=runs.observer)
     return app

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
+from respd.api.quotas import stream_slot
 from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import APIError, ServerError
@@ -38,13 +39,23 @@ async def _complete(service: ChatService, prepared: PreparedChat) -> ChatResult:
 async def chat_completions(request: Request) -> Response:
     service: ChatService = request.app.state.chat
     body = await parse_body(request, ChatCompletionRequest)
+    if body.stream:
+        with stream_slot(request) as release:
+            return await _stream(request, service, body, release)
     prepared = await service.prepare(body, owner_of(request))
-    if not body.stream:
-        result = await until_disconnect(request, _complete(service, prepared))
-        if result.error is not None:
-            raise _error(result)
-        return JSONResponse(wire(service.completion(prepared, result)))
+    result = await until_disconnect(request, _complete(service, prepared))
+    if result.error is not None:
+        raise _error(result)
+    return JSONResponse(wire(service.completion(prepared, result)))
 
+
+async def _stream(
+    request: Request,
+    service: ChatService,
+    body: ChatCompletionRequest,
+    release: Callable[[], None],
+) -> EventStreamResponse:
+    prepared = await service.prepare(body, owner_of(request))
     stream = service.generate(prepared)  # admission errors (503) surface before any SSE
 
     async def frames() -> AsyncIterator[bytes]:
@@ -72,4 +83,6 @@ async def chat_completions(request: Request) -> Response:
                     yield sse_frame(wire(chunk))
         yield sse_frame("[DONE]")
 
-    return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)
+    return EventStreamResponse(
+        frames(), keepalive=request.app.state.sse_keepalive, on_close=release
+    )

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.streaming import ClientGone
+from respd.logs import request_context
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 
 log = logging.getLogger(__name__)
@@ -120,4 +121,14 @@ class RequestIdMiddleware:
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        with request_context(scope["state"]["request_id"]):  # every log line names it
+            await self.app(scope, receive, send_with_id)
+
+
+async def send_error(scope: Scope, send: Send, exc: APIError) -> None:
+    """Answer with `exc` from a middleware, before any route runs."""
+    await error_response(exc)(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}

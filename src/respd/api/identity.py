@@ -1,15 +1,169 @@
-"""Who is asking. Every stored object is owned by, and only visible to, this identity.
+"""Who is asking. Every stored object is owned by, and only visible to, one identity.
 
-There is no authentication yet, so every request is the one anonymous identity; when API
-keys arrive, this is the one place that maps a request to its owner.
+With no API keys configured every request is the one anonymous identity. With keys, a
+request must present one (`Authorization: Bearer KEY` or `X-Api-Key: KEY`); its identity is
+the key's label when the keys file gives one, else a hash of the key, so keys are never
+stored or logged in clear.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
+import hmac
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
 from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from respd.api.errors import send_error
+from respd.logs import set_log_identity
+from respd.protocol.errors import APIError
+
+log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
+# Routes that hold no one's data: a health probe and the API description. `/metrics` has
+# its own optional key.
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
+
+
+@dataclass(frozen=True)
+class Identity:
+    owner: str  # what stored objects are keyed by
+    label: str  # what logs show
+
+
+ANONYMOUS_IDENTITY = Identity(ANONYMOUS, "-")
+# The identity of the request being served, for code that runs on its behalf without the
+# request at hand (token accounting at the end of a generation, a background job's task).
+CURRENT_IDENTITY: contextvars.ContextVar[Identity] = contextvars.ContextVar(
+    "respd_identity", default=ANONYMOUS_IDENTITY
+)
+
+
+class Unauthorized(APIError):
+    """The one answer for a missing and a wrong key, so neither can be told apart."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Incorrect or missing API key. Send it as 'Authorization: Bearer KEY' or "
+            "'X-Api-Key: KEY'.",
+            status_code=401,
+            code="invalid_api_key",
+            headers={"www-authenticate": "Bearer"},
+        )
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_keys_file(text: str) -> list[tuple[str, str | None]]:
+    """`KEY [LABEL]` per line; blank lines and `#` comments skipped."""
+    keys: list[tuple[str, str | None]] = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        key, _, label = line.partition(" ")
+        keys.append((key, label.strip() or None))
+    return keys
+
+
+class KeyRing:
+    """The accepted keys, as SHA-256 digests mapped to identities. Lookups compare the
+    presented key's digest with every stored digest in constant time."""
+
+    def __init__(self, keys: Iterable[str] = (), keys_file: Path | None = None) -> None:
+        self._flag_keys = list(keys)
+        self._file = keys_file
+        self._lock = threading.Lock()
+        self._entries: list[tuple[bytes, Identity]] = []
+        self.reload()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._entries)
+
+    def reload(self) -> None:
+        """Read the keys again (the file may have changed). A file that cannot be read
+        keeps the keys in force and is logged, so a bad edit never opens the server."""
+        pairs: list[tuple[str, str | None]] = [(k, None) for k in self._flag_keys]
+        if self._file is not None:
+            try:
+                pairs += parse_keys_file(self._file.read_text())
+            except OSError as exc:
+                if self._entries:
+                    log.error("cannot re-read the API keys file, keeping the old keys: %s", exc)
+                    return
+                raise
+        entries = []
+        for key, label in pairs:
+            digest = _digest(key)
+            owner = f"label:{label}" if label else f"key:{digest.hex()[:32]}"
+            entries.append((digest, Identity(owner, label or f"key-{digest.hex()[:8]}")))
+        with self._lock:
+            self._entries = entries
+        log.info("%d API key(s) in force", len(entries))
+
+    def identify(self, presented: str | None) -> Identity | None:
+        if not presented:
+            return None
+        digest = _digest(presented)
+        with self._lock:
+            entries = self._entries
+        found = None
+        for stored, identity in entries:  # no early exit: the time does not depend on which
+            if hmac.compare_digest(stored, digest):
+                found = identity
+        return found
+
+
+def presented_key(headers: dict[bytes, bytes]) -> str | None:
+    auth = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+    return key or None
+
+
+class AuthMiddleware:
+    """Puts the caller's identity in the request state, or answers 401."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        if not self.keys.enabled:
+            state["identity"] = ANONYMOUS_IDENTITY
+        elif scope["path"] in PUBLIC_PATHS or scope["method"] == "OPTIONS":
+            state["identity"] = ANONYMOUS_IDENTITY  # a CORS preflight carries no credentials
+        else:
+            identity = self.keys.identify(presented_key(dict(scope.get("headers") or [])))
+            if identity is None:
+                await send_error(scope, send, Unauthorized())
+                return
+            state["identity"] = identity
+        CURRENT_IDENTITY.set(state["identity"])
+        set_log_identity(state["identity"].label)
+        await self.app(scope, receive, send)
+
+
+def identity_of(request: Request) -> Identity:
+    identity = getattr(request.state, "identity", None)
+    return identity if isinstance(identity, Identity) else ANONYMOUS_IDENTITY
 
 
 def owner_of(request: Request) -> str:
-    return ANONYMOUS
+    return identity_of(request).owner

@@ -3,7 +3,7 @@ input items and input token counts."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.query import include_param
+from respd.api.quotas import stream_slot
 from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
@@ -40,15 +41,20 @@ def _stored(request: Request) -> StoredResponses:
     return stored
 
 
-def _sse(request: Request, events: AsyncGenerator[dict[str, Any], None]) -> EventStreamResponse:
-    """SSE frames of `events`; closing the response closes `events` at once."""
+def _sse(
+    request: Request, events: AsyncGenerator[dict[str, Any], None], release: Callable[[], None]
+) -> EventStreamResponse:
+    """SSE frames of `events`; closing the response closes `events` at once and gives back
+    the stream slot (`release`) taken before any work started."""
 
     async def frames() -> AsyncIterator[bytes]:
         async with aclosing(events):
             async for event in events:
                 yield sse_frame(event, event["type"])
 
-    return EventStreamResponse(frames(), keepalive=request.app.state.sse_keepalive)
+    return EventStreamResponse(
+        frames(), keepalive=request.app.state.sse_keepalive, on_close=release
+    )
 
 
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
@@ -63,24 +69,36 @@ async def _collect(service: ResponsesService, prepared: PreparedResponse) -> Res
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await parse_body(request, CreateResponseRequest)
+    if body.stream:
+        with stream_slot(request) as release:
+            return await _create_stream(request, service, body, release)
     prepared = await service.prepare(body, owner_of(request))
     if body.background:
         job = await _jobs(request).start(prepared)
-        if body.stream:
-            # A background stream outlives its client: disconnecting stops only the follow.
-            return _sse(request, job.follow(after=-1))
         return JSONResponse(wire(job.machine.snapshot()))
-    if body.stream:
-        stream = service.respond(prepared)  # admission errors (503) surface before any SSE
-
-        async def events() -> AsyncGenerator[dict[str, Any], None]:
-            async with aclosing(stream):
-                async for event in stream:
-                    yield wire(event)
-
-        return _sse(request, events())
     machine = await until_disconnect(request, _collect(service, prepared))
     return JSONResponse(wire(machine.snapshot()))
+
+
+async def _create_stream(
+    request: Request,
+    service: ResponsesService,
+    body: CreateResponseRequest,
+    release: Callable[[], None],
+) -> EventStreamResponse:
+    prepared = await service.prepare(body, owner_of(request))
+    if body.background:
+        job = await _jobs(request).start(prepared)
+        # A background stream outlives its client: disconnecting stops only the follow.
+        return _sse(request, job.follow(after=-1), release)
+    stream = service.respond(prepared)  # admission errors (503) surface before any SSE
+
+    async def events() -> AsyncGenerator[dict[str, Any], None]:
+        async with aclosing(stream):
+            async for event in stream:
+                yield wire(event)
+
+    return _sse(request, events(), release)
 
 
 @router.post("/v1/responses/input_tokens")
@@ -102,7 +120,9 @@ async def retrieve_response(
     include_param(request)
     owner = owner_of(request)
     if stream:
-        return _sse(request, await _stored(request).open_stream(owner, response_id, starting_after))
+        with stream_slot(request) as release:
+            events = await _stored(request).open_stream(owner, response_id, starting_after)
+            return _sse(request, events, release)
     return JSONResponse(await _stored(request).retrieve(owner, response_id))
 
 

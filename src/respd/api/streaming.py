@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -39,9 +39,16 @@ class EventStreamResponse(StreamingResponse):
     a `: keep-alive` comment after `keepalive` quiet seconds so proxies and clients do not
     give up on a long wait (0 disables them)."""
 
-    def __init__(self, content: AsyncIterator[bytes], *, keepalive: float = 0.0) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        keepalive: float = 0.0,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._source = content
         self._keepalive = keepalive
+        self._on_close = on_close
         self._send_ch, self._recv_ch = anyio.create_memory_object_stream[bytes](math.inf)
         super().__init__(
             self._frames(),
@@ -89,10 +96,14 @@ class EventStreamResponse(StreamingResponse):
                 tg.start_soon(self._pump)
                 tg.start_soon(stream, tg.cancel_scope)
         finally:
-            aclose = getattr(self._source, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
+            try:
+                aclose = getattr(self._source, "aclose", None)
+                if aclose is not None:
+                    with anyio.CancelScope(shield=True):
+                        await aclose()
+            finally:
+                if self._on_close is not None:
+                    self._on_close()
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -30,6 +30,7 @@ from respd.service.generation.output import (
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import chat_answer_schema
 from respd.service.ids import new_id
+from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
@@ -123,13 +124,16 @@ class ChatService:
         *,
         default_max_tokens: int | None = None,
         runs: core.ActiveRuns | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         self.models = models
         self.media = media
         self.default_max_tokens = default_max_tokens
         self.runs = runs
+        self.limits = limits or InputLimits()
 
     async def prepare(self, req: ChatCompletionRequest, owner: str = "") -> PreparedChat:
+        self.limits.check(req.messages, None, req.tools, items_param="messages")
         engine = self.models.get(req.model)
         check_metadata(req.metadata)
         if req.n not in (None, 1):

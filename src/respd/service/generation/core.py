@@ -14,10 +14,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from respd.engines.base import (
     Admitted,
@@ -34,6 +35,7 @@ from respd.engines.base import (
     ToolDefinition,
 )
 from respd.engines.constraints import ConstraintError
+from respd.logs import prompts_logged
 from respd.protocol.errors import APIError, ContextLengthExceeded, InvalidRequest
 from respd.service.generation.output import (
     ArgumentsDelta,
@@ -54,6 +56,8 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 1
 
+Api = Literal["responses", "chat"]
+
 
 @dataclass(frozen=True)
 class Params:
@@ -63,6 +67,20 @@ class Params:
     answer: str = "text.format"
     tool_choice: str = "tool_choice"
     max_tokens: str = "max_output_tokens"
+
+    @property
+    def api(self) -> Api:
+        """Which API asked: Chat Completions names the conversation `messages`."""
+        return "chat" if self.messages == "messages" else "responses"
+
+
+class GenerationObserver(Protocol):
+    """Told about every run (for metrics), so the service needs no metrics library.
+    Seconds count from admission, queueing included: what a client waits."""
+
+    def first_token(self, api: Api, seconds: float) -> None: ...
+
+    def finished(self, api: Api, usage: Usage, seconds: float) -> None: ...
 
 
 @dataclass
@@ -163,6 +181,8 @@ class Run:
     ) -> None:
         self.produced = 0
         self.interrupted = False
+        self.started_at = time.monotonic()
+        self.observer = runs.observer if runs is not None else None
         self._stream = stream
         self._runs = runs
         if runs is not None:
@@ -186,13 +206,15 @@ class Run:
 
 class ActiveRuns:
     """The generations running in this server, so a shutdown can let them finish within a
-    grace period, then interrupt the rest (each still ends with its terminal event)."""
+    grace period, then interrupt the rest (each still ends with its terminal event).
+    `observer`, when set, hears about each run."""
 
-    def __init__(self) -> None:
+    def __init__(self, observer: GenerationObserver | None = None) -> None:
         self._runs: set[Run] = set()
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
+        self.observer = observer
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -243,6 +265,9 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
             code="server_is_overloaded",
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         ) from exc
+    if prompts_logged():
+        turns = [{"role": m.role, "content": m.content} for m in prepared.prompt.messages]
+        log.info("prompt (%d tokens): %s", prepared.prompt_tokens, json.dumps(turns))
     return Run(prepared, stream, runs)
 
 
@@ -265,6 +290,7 @@ async def _events(
         produced = 0
         ended = False  # a stop sequence or a repeated call ended the turn early
         started = False
+        first = False  # the first output (past admission) arrived
         try:
             async with aclosing(stream):
                 async for chunk in stream:
@@ -276,6 +302,10 @@ async def _events(
                         yield Started()
                     if isinstance(chunk, Admitted):
                         continue
+                    if not first and progress.observer is not None:
+                        seconds = time.monotonic() - progress.started_at
+                        progress.observer.first_token(spec.params.api, seconds)
+                    first = True
                     produced += chunk.n_tokens
                     progress.produced = produced
                     for event in guard.filter(reader.feed(chunk)):
@@ -308,6 +338,9 @@ async def _events(
         reason: FinishKind = done.finish_reason
         if reason == "cancelled" and progress.interrupted:
             reason = "interrupted"
+        if progress.observer is not None:
+            seconds = time.monotonic() - progress.started_at
+            progress.observer.finished(spec.params.api, usage, seconds)
         yield Finished(reason, usage, calls=guard.calls, error=done.error)
     finally:
         progress.ended()

@@ -22,6 +22,7 @@ from respd.service.generation.logprobs import check_top_logprobs
 from respd.service.generation.output import Finished, Started
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
+from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.metadata import check_metadata
@@ -166,15 +167,18 @@ class ResponsesService:
         *,
         default_max_tokens: int | None = None,
         runs: core.ActiveRuns | None = None,
+        limits: InputLimits | None = None,
     ) -> None:
         self.models = models
         self.store = store
         self.media = MediaResolver(store, media)
         self.default_max_tokens = default_max_tokens
         self.runs = runs
+        self.limits = limits or InputLimits()
 
     async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
         """Everything up to the first event; raises (and stores nothing) on a bad request."""
+        self.limits.check(req.input, req.instructions, req.tools, items_param="input")
         engine = self.models.get(req.model)
         check_item_shapes(req.input)
         check_metadata(req.metadata)

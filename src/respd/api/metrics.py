@@ -1,0 +1,230 @@
+"""`GET /metrics`: Prometheus text exposition of requests, tokens, latencies, the engines'
+slots and queues, and what the store holds.
+
+Each app has its own `CollectorRegistry` (tests build many apps in one process). Requests
+are counted by a pure ASGI middleware (a `BaseHTTPMiddleware` would buffer streams) under
+their route template, so label values stay bounded whatever paths clients send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Iterable, Iterator
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from respd.api.identity import Unauthorized, presented_key
+from respd.engines.base import Engine
+from respd.service.generation.core import ActiveRuns, Api
+from respd.service.generation.output import Usage
+from respd.service.models import ModelRegistry
+from respd.store import Store
+
+log = logging.getLogger(__name__)
+
+OTHER_ROUTE = "other"
+# From a short reply on a small model to a long one on a loaded CPU.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+STORE_KINDS = ("responses", "conversations", "files")
+
+router = APIRouter()
+
+
+def _slots(engine: Engine) -> int | None:
+    """How many generations the engine runs at once, where it says (`EngineStats` only
+    counts the busy ones)."""
+    for name in ("parallel", "capacity"):
+        value = getattr(engine, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+class EngineCollector(Collector):
+    """The engines' slots and queues, read at scrape time."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily(
+            "respd_queue_depth", "Requests admitted and waiting for a slot.", labels=["model"]
+        )
+        active = GaugeMetricFamily(
+            "respd_slots_active", "Slots generating right now.", labels=["model"]
+        )
+        total = GaugeMetricFamily(
+            "respd_slots_total", "Generations the engine can run at once.", labels=["model"]
+        )
+        for engine in self.models:
+            stats = engine.stats()
+            queued.add_metric([engine.model_id], stats.queued)
+            active.add_metric([engine.model_id], stats.running)
+            slots = _slots(engine)
+            if slots is not None:
+                total.add_metric([engine.model_id], slots)
+        yield from (queued, active, total)
+
+
+class Metrics:
+    """The app's registry and instruments; also the generation core's observer."""
+
+    def __init__(self, models: ModelRegistry, store: Store) -> None:
+        self.store = store
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "respd_requests",
+            "HTTP requests answered, by route template, method and status.",
+            ["route", "method", "status"],
+            registry=r,
+        )
+        self.input_tokens = Counter(
+            "respd_input_tokens", "Prompt tokens of finished generations.", ["api"], registry=r
+        )
+        self.output_tokens = Counter(
+            "respd_output_tokens", "Tokens generated.", ["api"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "respd_cached_tokens", "Prompt tokens served from the KV cache.", ["api"], registry=r
+        )
+        self.ttft = Histogram(
+            "respd_time_to_first_token_seconds",
+            "From admission (queueing included) to the first generated output.",
+            ["api"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.generation = Histogram(
+            "respd_generation_seconds",
+            "From admission to the end of a generation, whatever its outcome.",
+            ["api"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.stored = Gauge(
+            "respd_store_records", "Records the store holds, by kind.", ["kind"], registry=r
+        )
+        r.register(EngineCollector(models))
+
+    # -- GenerationObserver ---------------------------------------------------------------
+
+    def first_token(self, api: Api, seconds: float) -> None:
+        self.ttft.labels(api).observe(seconds)
+
+    def finished(self, api: Api, usage: Usage, seconds: float) -> None:
+        self.input_tokens.labels(api).inc(usage.input_tokens)
+        self.output_tokens.labels(api).inc(usage.output_tokens)
+        self.cached_tokens.labels(api).inc(usage.cached_tokens)
+        self.generation.labels(api).observe(seconds)
+
+    # -- scraping -------------------------------------------------------------------------
+
+    async def exposition(self) -> bytes:
+        try:
+            stats = await self.store.stats()
+        except Exception:  # a store that cannot answer must not hide every other number
+            log.exception("reading the store's sizes for /metrics failed")
+        else:
+            for kind in STORE_KINDS:
+                self.stored.labels(kind).set(stats.get(kind, 0))
+        return generate_latest(self.registry)
+
+
+def _leaf_routes(routes: Iterable[BaseRoute]) -> Iterator[BaseRoute]:
+    for route in routes:
+        # Recent FastAPI keeps an included router whole (its `original_router`); older
+        # versions copy its routes in.
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
+
+
+def route_template(routes: Iterable[BaseRoute], scope: Scope) -> str:
+    """The template of the route `scope` is for (`/v1/responses/{response_id}`), also when
+    only its method is wrong; any other path is `other`. Routing leaves its route in the
+    scope; a request refused before routing (a missing key, a body too large) is matched
+    here."""
+    routed = scope.get("route")
+    if routed is not None:
+        return str(getattr(routed, "path", OTHER_ROUTE))
+    partial = None
+    for route in _leaf_routes(routes):
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return str(getattr(route, "path", OTHER_ROUTE))
+        if match == Match.PARTIAL and partial is None:
+            partial = str(getattr(route, "path", OTHER_ROUTE))
+    return partial or OTHER_ROUTE
+
+
+class MetricsMiddleware:
+    """Counts each HTTP request once, when its response starts (a stream is counted
+    before its body), or when it ends without one."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, routes: list[BaseRoute]) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        counted = False
+
+        def count(status: str) -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                route = route_template(self.routes, scope)
+                self.metrics.requests.labels(route, scope["method"], status).inc()
+
+        async def send_counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                count(str(message["status"]))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        except asyncio.CancelledError:
+            count("499")  # the client went away before an answer
+            raise
+        finally:
+            count("500")
+
+
+@router.get("/metrics", include_in_schema=False)
+async def scrape(request: Request) -> Response:
+    key: str | None = request.app.state.metrics_api_key
+    if key is not None:
+        presented = presented_key(dict(request.scope.get("headers") or []))
+        if presented is None or not hmac.compare_digest(presented.encode(), key.encode()):
+            raise Unauthorized()
+    body = await request.app.state.metrics.exposition()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def install_metrics(
+    app: FastAPI, models: ModelRegistry, store: Store, runs: ActiveRuns, api_key: str | None
+) -> Metrics:
+    """Serve `/metrics` (behind `api_key` when one is given), count every request, and
+    observe every generation. Call it after the other middlewares: it wraps them all, so
+    requests they refuse are counted too."""
+    metrics = Metrics(models, store)
+    runs.observer = metrics
+    app.state.metrics = metrics
+    app.state.metrics_api_key = api_key or None
+    app.include_router(router)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
+    return metrics

@@ -1,0 +1,93 @@
+"""Connections that open and never finish a request head are closed after
+`--header-timeout-secs`, while the server keeps answering complete requests meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.servers import MODEL_ID, RespdServer, start_server
+
+HEADER_TIMEOUT = 1.0
+STALLED = 50
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    srv = start_server(
+        tmp_path_factory.mktemp("respd-slow"),
+        "--ctx-size",
+        "2048",
+        "--threads",
+        "2",
+        "--store",
+        "memory",
+        "--header-timeout-secs",
+        str(HEADER_TIMEOUT),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+def _closed_by_server(sock: socket.socket, deadline: float) -> bool:
+    """Whether the server closed `sock` (EOF or reset) before `deadline`."""
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+    return False
+
+
+def test_stalled_connections_are_closed_and_others_served(slow_server: RespdServer) -> None:
+    socks = [socket.create_connection(("127.0.0.1", slow_server.port)) for _ in range(STALLED)]
+    try:
+        for i, sock in enumerate(socks):
+            if i % 2:  # half a request line; the others send nothing at all
+                sock.sendall(b"POST /v1/resp")
+        opened = time.monotonic()
+        with httpx.Client(base_url=slow_server.base_url, timeout=60) as http:
+            r = http.post(
+                "/v1/responses", json={"model": MODEL_ID, "input": "Hi", "max_output_tokens": 4}
+            )
+            assert r.status_code == 200, r.text
+        deadline = opened + HEADER_TIMEOUT + 10
+        still_open = [i for i, s in enumerate(socks) if not _closed_by_server(s, deadline)]
+        assert not still_open, f"{len(still_open)} stalled connections were kept open"
+        with httpx.Client(base_url=slow_server.base_url, timeout=10) as http:
+            assert http.get("/health").status_code == 200
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_request_slower_than_the_timeout_overall_is_served(slow_server: RespdServer) -> None:
+    """The deadline is for the head: a kept-alive connection idle between requests, and a
+    body that follows its head later, are both fine."""
+    with httpx.Client(base_url=slow_server.base_url, timeout=60) as http:
+        assert http.get("/health").status_code == 200
+        time.sleep(HEADER_TIMEOUT * 1.5)  # idle on the kept-alive connection (uvicorn: 5s)
+        assert http.get("/health").status_code == 200
+    body = b'{"model": "%s", "input": "Hi", "max_output_tokens": 4}' % MODEL_ID.encode()
+    head = (
+        b"POST /v1/responses HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with socket.create_connection(("127.0.0.1", slow_server.port)) as sock:
+        sock.sendall(head)
+        time.sleep(HEADER_TIMEOUT * 1.5)
+        sock.sendall(body)
+        sock.settimeout(60)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]

@@ -1,0 +1,307 @@
+"""The request guard and the limits, on the fake engine: foreign Host, untrusted Origin,
+non-JSON bodies, oversized bodies, too many items, characters or tools, per-key rates and
+streams. Each gets its status, its headers and OpenAI's error shape, and nothing is
+generated or stored."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from respd.api.app import create_app
+from respd.api.guard import GuardSettings, default_allowed_hosts
+from respd.api.identity import KeyRing
+from respd.api.quotas import KeyQuotas, QuotaSettings, _duration
+from respd.engines.fake import FakeEngine, Reply
+from respd.service.limits import InputLimits, text_chars
+from respd.store import MemoryStore
+from tests.unit.conftest import FAKE_MODEL
+
+ORIGIN = "https://app.example"
+BODY = {"model": FAKE_MODEL, "input": "hi"}
+
+
+def error_of(r: httpx.Response, status: int, code: str) -> dict[str, object]:
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == code, error
+    assert r.headers["x-request-id"]
+    return dict(error)
+
+
+@pytest.fixture()
+def engine() -> FakeEngine:
+    return FakeEngine(respond=lambda *_: Reply(["Hi", "."]), model_id=FAKE_MODEL)
+
+
+@pytest.fixture()
+def make_client(
+    engine: FakeEngine,
+) -> Callable[..., httpx.AsyncClient]:
+    def make(host: str = "127.0.0.1:8080", **kw: object) -> httpx.AsyncClient:
+        app: FastAPI = create_app(engine, MemoryStore(), **kw)  # type: ignore[arg-type]
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}")
+
+    return make
+
+
+@pytest.fixture()
+async def guarded(
+    make_client: Callable[..., httpx.AsyncClient],
+) -> AsyncIterator[httpx.AsyncClient]:
+    guard = GuardSettings(
+        allowed_hosts=default_allowed_hosts("127.0.0.1"),
+        cors_origins=[ORIGIN],
+        max_request_bytes=4096,
+        max_upload_bytes=8192,
+    )
+    async with make_client(guard=guard) as client:
+        yield client
+
+
+async def test_foreign_host_is_refused(guarded: httpx.AsyncClient, engine: FakeEngine) -> None:
+    r = await guarded.post("/v1/responses", json=BODY, headers={"host": "attacker.example"})
+    error_of(r, 400, "invalid_host")
+    for host in ("localhost:8080", "127.0.0.1", "[::1]:9000"):
+        ok = await guarded.post("/v1/responses", json=BODY, headers={"host": host})
+        assert ok.status_code == 200, (host, ok.text)
+    assert len(engine.calls) == 3
+
+
+async def test_origins(guarded: httpx.AsyncClient, engine: FakeEngine) -> None:
+    evil = await guarded.post(
+        "/v1/responses", json=BODY, headers={"origin": "https://evil.example"}
+    )
+    error_of(evil, 403, "origin_not_allowed")
+    assert "access-control-allow-origin" not in evil.headers
+    preflight_evil = await guarded.options(
+        "/v1/responses",
+        headers={"origin": "https://evil.example", "access-control-request-method": "POST"},
+    )
+    assert preflight_evil.status_code == 403
+    assert "access-control-allow-origin" not in preflight_evil.headers
+    assert engine.calls == []
+
+    preflight = await guarded.options(
+        "/v1/responses",
+        headers={
+            "origin": ORIGIN,
+            "access-control-request-method": "POST",
+            "access-control-request-headers": "authorization, content-type",
+        },
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == ORIGIN
+    assert "authorization" in preflight.headers["access-control-allow-headers"].lower()
+    ok = await guarded.post("/v1/responses", json=BODY, headers={"origin": ORIGIN})
+    assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == ORIGIN
+    assert "x-request-id" in ok.headers["access-control-expose-headers"]
+    same = await guarded.post(
+        "/v1/responses", json=BODY, headers={"origin": "http://127.0.0.1:8080"}
+    )
+    assert same.status_code == 200  # a page served by this server itself
+
+
+async def test_json_routes_refuse_other_content_types(
+    guarded: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+        r = await guarded.post(
+            "/v1/responses",
+            content=b'{"model":"fake-model","input":"hi"}',
+            headers={"content-type": kind},
+        )
+        error_of(r, 415, "unsupported_media_type")
+    upload = await guarded.post(
+        "/v1/files", content=b"purpose=user_data", headers={"content-type": "text/plain"}
+    )
+    error_of(upload, 415, "unsupported_media_type")
+    assert engine.calls == []
+    assert (await guarded.get("/v1/files")).json()["data"] == []
+    ok = await guarded.post(
+        "/v1/responses",
+        content=b'{"model":"fake-model","input":"hi"}',
+        headers={"content-type": "application/json; charset=utf-8"},
+    )
+    assert ok.status_code == 200
+    bodiless = await guarded.post("/v1/responses/resp_none/cancel")  # no body, no type: fine
+    assert bodiless.status_code == 404
+
+
+async def test_bodies_over_the_limit_are_413(
+    guarded: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    big = BODY | {"input": "x" * 5000}
+    error_of(await guarded.post("/v1/responses", json=big), 413, "request_too_large")
+
+    async def chunked() -> AsyncIterator[bytes]:  # no content-length to check up front
+        yield b'{"model": "fake-model", "input": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    r = await guarded.post(
+        "/v1/responses", content=chunked(), headers={"content-type": "application/json"}
+    )
+    error_of(r, 413, "request_too_large")
+    upload = await guarded.post(
+        "/v1/files",
+        files={"file": ("big.txt", b"z" * 9000, "text/plain")},
+        data={"purpose": "user_data"},
+    )
+    error_of(upload, 413, "request_too_large")
+    small = await guarded.post(
+        "/v1/files",
+        files={"file": ("small.txt", b"z" * 5000, "text/plain")},
+        data={"purpose": "user_data"},
+    )
+    assert small.status_code == 200, small.text  # uploads have their own, larger bound
+    assert engine.calls == []
+
+
+def test_default_hosts_follow_the_bind_address() -> None:
+    assert "localhost" in default_allowed_hosts("127.0.0.1")
+    assert "localhost" in default_allowed_hosts("::1")
+    assert default_allowed_hosts("0.0.0.0") == ["*"]
+
+
+# -- what one request may ask for -----------------------------------------------------------
+
+
+async def test_input_limits_on_both_apis(
+    make_client: Callable[..., httpx.AsyncClient], engine: FakeEngine
+) -> None:
+    limits = InputLimits(max_items=3, max_chars=100, max_tools=1)
+    tool = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    chat_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    async with make_client(input_limits=limits) as http:
+        items = [{"role": "user", "content": "a"}] * 4
+        error = error_of(
+            await http.post("/v1/responses", json=BODY | {"input": items}),
+            400,
+            "array_above_max_length",
+        )
+        assert error["param"] == "input"
+        error = error_of(
+            await http.post("/v1/chat/completions", json={"model": FAKE_MODEL, "messages": items}),
+            400,
+            "array_above_max_length",
+        )
+        assert error["param"] == "messages"
+        long = BODY | {"input": "x" * 60, "instructions": "y" * 41}
+        error_of(await http.post("/v1/responses", json=long), 400, "string_above_max_length")
+        error = error_of(
+            await http.post("/v1/responses", json=BODY | {"tools": [tool, tool | {"name": "g"}]}),
+            400,
+            "array_above_max_length",
+        )
+        assert error["param"] == "tools"
+        chat = {"model": FAKE_MODEL, "messages": items[:1], "tools": [chat_tool] * 2}
+        error_of(await http.post("/v1/chat/completions", json=chat), 400, "array_above_max_length")
+        assert engine.calls == []
+        at_limit = BODY | {"input": items[:3], "tools": [tool]}
+        assert (await http.post("/v1/responses", json=at_limit)).status_code == 200
+
+
+def test_media_payloads_do_not_count_as_text() -> None:
+    image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 1000}
+    assert text_chars(
+        [{"role": "user", "content": [{"type": "input_text", "text": "abc"}, image]}]
+    ) == len("user") + len("input_text") + 3 + len("input_image")
+
+
+# -- per-key rates and streams ----------------------------------------------------------------
+
+
+async def test_requests_per_minute_per_key(make_client: Callable[..., httpx.AsyncClient]) -> None:
+    keys = KeyRing(["sk-a", "sk-b"])
+    async with make_client(keys=keys, quotas=QuotaSettings(requests_per_minute=2)) as http:
+        a, b = {"x-api-key": "sk-a"}, {"x-api-key": "sk-b"}
+        first = await http.post("/v1/responses", json=BODY, headers=a)
+        assert first.status_code == 200
+        assert first.headers["x-ratelimit-limit-requests"] == "2"
+        assert first.headers["x-ratelimit-remaining-requests"] == "1"
+        assert (await http.post("/v1/responses", json=BODY, headers=a)).status_code == 200
+        third = await http.post(
+            "/v1/chat/completions",
+            json={"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]},
+            headers=a,
+        )
+        error = error_of(third, 429, "rate_limit_exceeded")
+        assert error["type"] == "requests"
+        assert 1 <= int(third.headers["retry-after"]) <= 60
+        assert third.headers["x-ratelimit-remaining-requests"] == "0"
+        assert third.headers["x-ratelimit-reset-requests"].endswith("s")
+        other = await http.post("/v1/responses", json=BODY, headers=b)  # its own window
+        assert other.status_code == 200
+        assert (await http.get("/v1/models", headers=a)).status_code == 200  # not generating
+
+
+def test_token_window_slides() -> None:
+    now = [1000.0]
+    quotas = KeyQuotas(QuotaSettings(tokens_per_minute=100), clock=lambda: now[0])
+    assert quotas.admit("a")["x-ratelimit-remaining-tokens"] == "100"
+    quotas.spend("a", 120)
+    with pytest.raises(Exception) as refused:
+        quotas.admit("a")
+    assert getattr(refused.value, "status_code", None) == 429
+    assert refused.value.headers["x-ratelimit-remaining-tokens"] == "0"  # type: ignore[attr-defined]
+    assert quotas.admit("b")  # another identity is unaffected
+    now[0] += 61
+    assert quotas.admit("a")["x-ratelimit-remaining-tokens"] == "100"
+    assert _duration(0.25) == "250ms" and _duration(6) == "6s" and _duration(360) == "6m0s"
+
+
+async def test_streams_per_key(make_client: Callable[..., httpx.AsyncClient]) -> None:
+    engine = FakeEngine(respond=lambda *_: Reply(["a"] * 50, delay=0.01), model_id=FAKE_MODEL)
+    app = create_app(engine, MemoryStore(), quotas=QuotaSettings(streams_per_key=1))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as http:
+        stream = BODY | {"stream": True}
+        chat = {
+            "model": FAKE_MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+        }
+
+        async def while_first_streams() -> list[httpx.Response]:
+            await asyncio.sleep(0.1)
+            assert app.state.quotas.open_streams("anonymous") == 1
+            return [
+                await http.post("/v1/responses", json=stream),
+                await http.post("/v1/chat/completions", json=chat),
+                await http.post("/v1/responses", json=BODY),  # not a stream
+            ]
+
+        first, (second, third, plain) = await asyncio.gather(
+            http.post("/v1/responses", json=stream), while_first_streams()
+        )
+        assert first.status_code == 200 and "response.completed" in first.text
+        error_of(second, 429, "rate_limit_exceeded")
+        error_of(third, 429, "rate_limit_exceeded")
+        assert plain.status_code == 200
+        assert app.state.quotas.open_streams("anonymous") == 0  # given back at the end
+        again = await http.post("/v1/responses", json=stream)
+        assert again.status_code == 200
+        assert len(engine.calls) == 3  # the refused streams never reached the engine
+
+
+async def test_tokens_per_minute_are_charged_to_the_key(
+    make_client: Callable[..., httpx.AsyncClient],
+) -> None:
+    keys = KeyRing(["sk-a", "sk-b"])
+    async with make_client(keys=keys, quotas=QuotaSettings(tokens_per_minute=5)) as http:
+        a, b = {"x-api-key": "sk-a"}, {"x-api-key": "sk-b"}
+        first = await http.post("/v1/responses", json=BODY, headers=a)
+        assert first.status_code == 200 and first.json()["usage"]["total_tokens"] > 5
+        assert first.headers["x-ratelimit-limit-tokens"] == "5"
+        chat = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]}
+        refused = await http.post("/v1/chat/completions", json=chat, headers=a)
+        error_of(refused, 429, "rate_limit_exceeded")
+        assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+        assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
+        assert (await http.post("/v1/chat/completions", json=chat, headers=b)).status_code == 200

@@ -1,0 +1,112 @@
+"""uvicorn with `HeaderTimeoutProtocol`: connections that never finish a request head are
+closed after the deadline, while complete requests, before and after, are served."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from respd.header_timeout import header_timeout_protocol
+
+TIMEOUT = 0.5
+
+
+async def _app(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture()
+async def port() -> AsyncIterator[int]:
+    config = uvicorn.Config(
+        _app,
+        host="127.0.0.1",
+        port=0,
+        lifespan="off",
+        log_level="warning",
+        timeout_keep_alive=30,
+        http=header_timeout_protocol(TIMEOUT),
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    yield server.servers[0].sockets[0].getsockname()[1]
+    server.should_exit = True
+    await task
+
+
+async def _closed(reader: asyncio.StreamReader) -> bytes:
+    """What the server sent before closing (b"" if nothing)."""
+    return await reader.read()
+
+
+async def test_stalled_connections_are_closed(port: int) -> None:
+    conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+    for i, (_, writer) in enumerate(conns):
+        if i % 2:  # half send part of a request line, half nothing at all
+            writer.write(b"GET /hea")
+            await writer.drain()
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        assert (await client.get("/")).status_code == 200  # served meanwhile
+    await asyncio.wait_for(
+        asyncio.gather(*(_closed(reader) for reader, _ in conns)), timeout=TIMEOUT + 3
+    )
+    assert time.monotonic() - t0 >= TIMEOUT * 0.8
+    for _, writer in conns:
+        writer.close()
+
+
+async def test_dribbled_headers_do_not_extend_the_deadline(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def dribble() -> None:
+        with contextlib.suppress(ConnectionError):
+            while not writer.is_closing():
+                writer.write(b"X")
+                await writer.drain()
+                await asyncio.sleep(TIMEOUT / 5)
+
+    t0 = time.monotonic()
+    task = asyncio.create_task(dribble())
+    assert await asyncio.wait_for(reader.read(), timeout=TIMEOUT + 3) == b""
+    assert time.monotonic() - t0 < TIMEOUT + 1
+    writer.close()
+    await task
+
+
+async def test_kept_alive_connection_stalling_mid_head_is_closed(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    await reader.readuntil(b"0\r\n\r\n")  # the chunked body's end
+    await asyncio.sleep(TIMEOUT * 2)  # idle between requests: kept alive (keep-alive 30s)
+    writer.write(b"GET / HTTP/1.1\r\nHo")  # the next head starts and stalls
+    await writer.drain()
+    t0 = time.monotonic()
+    assert await asyncio.wait_for(reader.read(), timeout=TIMEOUT + 3) == b""
+    assert time.monotonic() - t0 >= TIMEOUT * 0.8
+    writer.close()
+
+
+async def test_slow_but_complete_heads_are_served(port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for piece in (b"GET / HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):
+        writer.write(piece)
+        await writer.drain()
+        await asyncio.sleep(TIMEOUT / 4)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
