@@ -50,11 +50,11 @@ def _hostname(host: str) -> str:
 
 
 class TooLarge(APIError):
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, upload: bool = False) -> None:
         super().__init__(
             f"The request body is larger than this server accepts ({limit} bytes).",
             status_code=413,
-            code="request_too_large",
+            code="file_too_large" if upload else "request_too_large",
         )
 
 
@@ -69,7 +69,8 @@ class GuardSettings:
 
 class RequestGuard:
     """Refuses foreign hosts (400), untrusted origins (403), non-JSON bodies on JSON
-    routes (415) and bodies over the limit (413), in OpenAI's error shape."""
+    routes (415; an upload route refuses a body that is not multipart itself) and bodies
+    over the limit (413), in OpenAI's error shape."""
 
     def __init__(self, app: ASGIApp, settings: GuardSettings) -> None:
         self.app = app
@@ -91,7 +92,7 @@ class RequestGuard:
             return
         upload = scope["path"] in self.settings.upload_paths
         limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
-        await self.app(scope, _bounded(receive, limit), send)
+        await self.app(scope, _bounded(receive, limit, upload), send)
 
     def _check(self, scope: Scope, headers: dict[bytes, bytes], host: str) -> APIError | None:
         if not self.any_host and _hostname(host) not in self.hosts:
@@ -109,18 +110,18 @@ class RequestGuard:
         upload = scope["path"] in self.settings.upload_paths
         length = headers.get(b"content-length")
         has_body = b"transfer-encoding" in headers or (length is not None and length != b"0")
-        if has_body and scope["method"] in ("POST", "PUT", "PATCH"):
+        # Upload routes check their own (multipart) content type.
+        if has_body and not upload and scope["method"] in ("POST", "PUT", "PATCH"):
             kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip()
-            wanted = "multipart/form-data" if upload else "application/json"
-            if kind.lower() != wanted and not (not upload and kind.lower().endswith("+json")):
+            if kind.lower() != "application/json" and not kind.lower().endswith("+json"):
                 return APIError(
-                    f"Unsupported content type '{kind or 'none'}': send '{wanted}'.",
+                    f"Unsupported content type '{kind or 'none'}': send 'application/json'.",
                     status_code=415,
                     code="unsupported_media_type",
                 )
         limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
         if length is not None and length.isdigit() and int(length) > limit:
-            return TooLarge(limit)
+            return TooLarge(limit, upload=upload)
         return None
 
     def _trusted(self, origin: str, host: str) -> bool:
@@ -129,7 +130,7 @@ class RequestGuard:
         return urlsplit(origin).netloc.lower() == host  # same origin: a page served here
 
 
-def _bounded(receive: Receive, limit: int) -> Receive:
+def _bounded(receive: Receive, limit: int, upload: bool) -> Receive:
     """`receive`, failing once the body passes `limit` bytes (a chunked body has no
     content-length to check up front)."""
     seen = 0
@@ -140,7 +141,7 @@ def _bounded(receive: Receive, limit: int) -> Receive:
         if message["type"] == "http.request":
             seen += len(message.get("body", b""))
             if seen > limit:
-                raise TooLarge(limit)
+                raise TooLarge(limit, upload=upload)
         return message
 
     return wrapped
