@@ -18,6 +18,7 @@ from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.api.guard import GuardSettings, RequestGuard
 from respd.api.identity import AuthMiddleware, KeyRing
 from respd.api.metrics import install_metrics
+from respd.api.openapi import describe
 from respd.api.quotas import (
     EXPOSED_HEADERS,
     KeyQuotas,
@@ -97,6 +98,7 @@ def create_app(
     app.state.quotas = KeyQuotas(quotas or QuotaSettings())
     app.state.runs = runs
     install_error_handlers(app)
+    describe(app)
     app.include_router(responses.router)
     app.include_router(conversations.router)
     app.include_router(files.router)
