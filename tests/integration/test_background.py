@@ -4,12 +4,13 @@ replayed (`responses.stream(response_id=..., starting_after=N)`)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.servers import RespdServer
+from tests.servers import RespdServer, start_server
 from tests.stateful import (
     LONG_PROMPT,
     create,
@@ -129,3 +130,35 @@ def test_background_turn_joins_its_conversation(sclient: openai.OpenAI) -> None:
     items = sclient.conversations.items.list(conv.id, order="asc").data
     assert [i.id for i in items][-1] == done.output[0].id
     assert len(items) == 2
+
+
+def test_a_job_waiting_for_a_slot_reads_queued_then_in_progress(tmp_path: Path) -> None:
+    """With the one slot busy, a background job stays `queued` (and can be cancelled so);
+    once the slot frees it turns `in_progress`, then completes."""
+    server = start_server(tmp_path, "--parallel", "1", "--ctx-size", "2048", "--store", "memory")
+    try:
+        client = server.client()
+        busy = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+        poll(client, busy.id, lambda r: r.status == "in_progress")
+        waiting = create(client, LONG_PROMPT, background=True, max_output_tokens=60)
+        dropped = create(client, "Say hi.", background=True, max_output_tokens=8)
+        for _ in range(5):
+            assert strict(client.responses.retrieve(waiting.id)).status == "queued"
+            time.sleep(0.1)
+        cancelled = strict(client.responses.cancel(dropped.id))
+        assert cancelled.status == "cancelled" and cancelled.output == []
+        statuses = []
+        client.responses.cancel(busy.id)
+        deadline = time.monotonic() + 60
+        while not statuses or statuses[-1] not in TERMINAL:
+            assert time.monotonic() < deadline, statuses
+            status = strict(client.responses.retrieve(waiting.id)).status
+            if not statuses or statuses[-1] != status:
+                statuses.append(status)
+            time.sleep(0.01)
+        assert statuses == ["queued", "in_progress", statuses[-1]], statuses
+        assert statuses[-1] in ("completed", "incomplete")
+        assert strict(client.responses.retrieve(dropped.id)).status == "cancelled"
+    finally:
+        server.stop()
+    server.assert_no_5xx()
