@@ -1,5 +1,5 @@
 """The README's quick start, run as a newcomer runs it, against a real server: its curl
-commands and its Python example, several times each (sampling is random), every run
+commands and its Python example, several times each, every run
 ending complete."""
 
 from __future__ import annotations
