@@ -103,6 +103,13 @@ class Settings(BaseSettings):
         description="Most characters of text one request's input and instructions may hold "
         "(images and files are bounded by their own limits).",
     )
+    max_output_tokens_limit: int | None = Field(
+        None,
+        ge=1,
+        description="Most tokens one request may ask to generate (max_output_tokens, "
+        "max_tokens, max_completion_tokens); more is a 400. Default: what fits in the "
+        "context window.",
+    )
     max_tools: int = Field(
         DEFAULT_MAX_TOOLS, ge=0, description="Most tools one request may declare."
     )

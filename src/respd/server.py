@@ -186,7 +186,10 @@ def serve(settings: Settings) -> int:
         keys=keys,
         guard=guard_settings(settings),
         input_limits=InputLimits(
-            settings.max_input_items, settings.max_input_chars, settings.max_tools
+            settings.max_input_items,
+            settings.max_input_chars,
+            settings.max_tools,
+            settings.max_output_tokens_limit,
         ),
         quotas=QuotaSettings(
             settings.rate_limit_rpm, settings.rate_limit_tpm, settings.max_streams_per_key

@@ -168,3 +168,12 @@ def test_limits_answer_with_their_status_and_headers(server: RespdServer) -> Non
             assert g.headers["x-ratelimit-remaining-requests"] == "0"
             break
     assert codes[-1] == 429 and set(codes[:-1]) == {200}
+
+
+def test_an_open_server_beyond_loopback_warns(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, "--host", "0.0.0.0", "--ctx-size", "512", "--store", "memory")
+    try:
+        assert httpx.get(srv.base_url + "/v1/models").status_code == 200  # open, as warned
+    finally:
+        srv.stop()
+    assert "no API keys are configured" in srv.log()

@@ -90,7 +90,7 @@ def create_app(
     app.state.responses = service
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)
-    app.state.conversations = ConversationsService(store, service.media)
+    app.state.conversations = ConversationsService(store, service.media, input_limits)
     app.state.files = FilesService(store, max_file_bytes)
     app.state.chat = ChatService(
         models, service.media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits

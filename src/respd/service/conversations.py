@@ -7,6 +7,7 @@ from typing import Any
 
 from respd.protocol.errors import InvalidRequest, MissingParameter, NotFound
 from respd.service.ids import new_id
+from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering
 from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
@@ -20,9 +21,15 @@ MAX_ITEMS_PER_CALL = 20
 
 
 class ConversationsService:
-    def __init__(self, store: Store, media: MediaResolver | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        media: MediaResolver | None = None,
+        limits: InputLimits | None = None,
+    ) -> None:
         self.store = store
         self.media = media or MediaResolver(store)
+        self.limits = limits or InputLimits()
 
     async def _items(self, items: Any, owner: str, *, required: bool) -> list[JSON]:
         if items is None:
@@ -35,6 +42,7 @@ class ConversationsService:
                 param="items",
                 code="invalid_type",
             )
+        self.limits.check(items, None, None, items_param="items")
         check_item_shapes(items, "items")
         if len(items) > MAX_ITEMS_PER_CALL:
             raise InvalidRequest(

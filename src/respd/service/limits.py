@@ -39,6 +39,7 @@ class InputLimits:
     max_items: int = DEFAULT_MAX_INPUT_ITEMS
     max_chars: int = DEFAULT_MAX_INPUT_CHARS
     max_tools: int = DEFAULT_MAX_TOOLS
+    max_output_tokens: int | None = None  # None: what fits in the context window
 
     def check(
         self,
@@ -70,4 +71,14 @@ class InputLimits:
                 "server accepts in one request.",
                 param="tools",
                 code="array_above_max_length",
+            )
+
+    def check_max_tokens(self, value: int | None, param: str) -> None:
+        ceiling = self.max_output_tokens
+        if ceiling is not None and value is not None and value > ceiling:
+            raise InvalidRequest(
+                f"Invalid '{param}': {value} is more than the {ceiling} tokens this server "
+                "lets one request generate.",
+                param=param,
+                code="integer_above_max_value",
             )

@@ -202,9 +202,34 @@ async def test_input_limits_on_both_apis(
         assert error["param"] == "tools"
         chat = {"model": FAKE_MODEL, "messages": items[:1], "tools": [chat_tool] * 2}
         error_of(await http.post("/v1/chat/completions", json=chat), 400, "array_above_max_length")
+        conv = await http.post("/v1/conversations", json={"items": items})
+        assert error_of(conv, 400, "array_above_max_length")["param"] == "items"
+        big_item = [{"role": "user", "content": "z" * 101}]
+        conv = await http.post("/v1/conversations", json={"items": big_item})
+        error_of(conv, 400, "string_above_max_length")
+        made = (await http.post("/v1/conversations", json={"items": items[:1]})).json()
+        added = await http.post(f"/v1/conversations/{made['id']}/items", json={"items": items})
+        error_of(added, 400, "array_above_max_length")
+        listed = await http.get(f"/v1/conversations/{made['id']}/items")
+        assert len(listed.json()["data"]) == 1  # nothing stored half-way
         assert engine.calls == []
         at_limit = BODY | {"input": items[:3], "tools": [tool]}
         assert (await http.post("/v1/responses", json=at_limit)).status_code == 200
+
+
+async def test_output_token_ceiling_on_both_apis(
+    make_client: Callable[..., httpx.AsyncClient], engine: FakeEngine
+) -> None:
+    async with make_client(input_limits=InputLimits(max_output_tokens=64)) as http:
+        over = await http.post("/v1/responses", json=BODY | {"max_output_tokens": 65})
+        assert error_of(over, 400, "integer_above_max_value")["param"] == "max_output_tokens"
+        chat = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "x"}]}
+        for param in ("max_tokens", "max_completion_tokens"):
+            r = await http.post("/v1/chat/completions", json=chat | {param: 100})
+            assert error_of(r, 400, "integer_above_max_value")["param"] == param
+        assert engine.calls == []
+        ok = await http.post("/v1/responses", json=BODY | {"max_output_tokens": 64})
+        assert ok.status_code == 200
 
 
 def test_media_payloads_do_not_count_as_text() -> None:

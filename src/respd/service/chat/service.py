@@ -134,6 +134,8 @@ class ChatService:
 
     async def prepare(self, req: ChatCompletionRequest, owner: str = "") -> PreparedChat:
         self.limits.check(req.messages, None, req.tools, items_param="messages")
+        self.limits.check_max_tokens(req.max_tokens, "max_tokens")
+        self.limits.check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
         engine = self.models.get(req.model)
         check_metadata(req.metadata)
         if req.n not in (None, 1):

@@ -179,6 +179,7 @@ class ResponsesService:
     async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
         """Everything up to the first event; raises (and stores nothing) on a bad request."""
         self.limits.check(req.input, req.instructions, req.tools, items_param="input")
+        self.limits.check_max_tokens(req.max_output_tokens, "max_output_tokens")
         engine = self.models.get(req.model)
         check_item_shapes(req.input)
         check_metadata(req.metadata)
