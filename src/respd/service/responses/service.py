@@ -301,7 +301,9 @@ class ResponsesService:
     async def count_input_tokens(self, body: InputTokensRequest, owner: str) -> int:
         """The prompt `create` would send the engine for this body, counted exactly (the
         same `prepare`, so it equals the created response's `usage.input_tokens`)."""
-        fields = body.model_dump(exclude_none=True, by_alias=True, exclude={"personality"})
+        # Only the fields a count takes; anything else in the body is ignored, as by create.
+        ignored = {"personality", *(body.model_extra or {})}
+        fields = body.model_dump(exclude_none=True, by_alias=True, exclude=ignored)
         fields["model"] = body.model or self.models.default().model_id
         req = CreateResponseRequest.model_validate(fields)
         prepared = await self.prepare(req, owner)

@@ -290,6 +290,15 @@ async def test_input_tokens_keeps_the_json_schema(sdk: openai.AsyncOpenAI) -> No
     assert count.input_tokens > 0
 
 
+async def test_input_tokens_ignores_fields_it_does_not_take(http: httpx.AsyncClient) -> None:
+    """Fields of create's body that a count does not take (even malformed) are ignored, as
+    unknown fields are, never a 500."""
+    body = {"model": FAKE_MODEL, "input": "hi", "max_output_tokens": ["x"], "stream": "yes"}
+    r = await http.post("/v1/responses/input_tokens", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["input_tokens"] > 0
+
+
 async def test_function_tools_echo_strict(engine: FakeEngine, sdk: openai.AsyncOpenAI) -> None:
     engine.add("sunny")
     stream = await sdk.responses.create(model=FAKE_MODEL, input="w", tools=[WEATHER], stream=True)
