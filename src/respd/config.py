@@ -131,6 +131,25 @@ class Settings(BaseSettings):
         description="Tokens (input + output) per minute each API key (identity) may use; a "
         "request made while the minute's tokens are spent is a 429. 0: no limit.",
     )
+    engine: Literal["llamacpp", "openai"] = Field(
+        "llamacpp",
+        description="llamacpp: run --model in this process. openai: forward every generation "
+        "to the OpenAI-compatible Chat Completions server at --upstream-url (vLLM, SGLang, "
+        "llama-server, another respd, a hosted API); respd keeps all state.",
+    )
+    upstream_url: str | None = Field(
+        None,
+        description="With --engine openai: the upstream's base URL, ending in /v1 (e.g. "
+        "http://127.0.0.1:8000/v1).",
+    )
+    upstream_api_key: str | None = Field(
+        None, description="With --engine openai: the key sent to the upstream as a Bearer token."
+    )
+    upstream_model: str | None = Field(
+        None,
+        description="With --engine openai: the model name the upstream serves. Default: the "
+        "first model its /v1/models lists.",
+    )
     model: str | None = Field(
         None,
         description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import uvicorn
 from rich.console import Console
 
@@ -19,6 +20,7 @@ from respd.api.identity import KeyRing
 from respd.api.quotas import QuotaSettings
 from respd.config import Settings
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.engines.upstream import UpstreamEngine
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
@@ -80,7 +82,37 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
+def connect_upstream(settings: Settings, console: Console) -> UpstreamEngine:
+    url = settings.upstream_url
+    if not url:
+        raise SystemExit("respd: --engine openai needs --upstream-url")
+    key = settings.upstream_api_key
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    try:
+        models = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=10)
+        models.raise_for_status()
+        listed = [m["id"] for m in models.json().get("data", [])]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"respd: the upstream at {url} did not list its models: {exc}") from None
+    name = settings.upstream_model or (listed[0] if listed else None)
+    if name is None:
+        raise SystemExit(f"respd: the upstream at {url} lists no models; set --upstream-model")
+    engine = UpstreamEngine(
+        url,
+        model_id=settings.model_alias or name,
+        upstream_model=name,
+        api_key=settings.upstream_api_key,
+        context_window=settings.ctx_size,
+        vision=settings.mmproj is not None,
+        max_concurrency=settings.parallel + settings.max_queue,
+    )
+    console.print(f"Upstream {url}: model {name} (served as {engine.model_id})")
+    return engine
+
+
+def load_engine(settings: Settings, console: Console) -> LlamaCppEngine | UpstreamEngine:
+    if settings.engine == "openai":
+        return connect_upstream(settings, console)
     path = settings.model_path()
     if not path.is_file():
         raise SystemExit(f"respd: model file not found: {path}")

@@ -1,0 +1,183 @@
+"""respd in front of another OpenAI-compatible server (`--engine openai`): a second real
+`respd serve` with the default model is the upstream, reached through its Chat Completions
+route over HTTP on 127.0.0.1. The Responses features run through the front: text, streams,
+forced tool calls, structured output, chaining, conversations, background jobs and cancel;
+and an upstream killed mid-stream ends the stream with `response.failed` and stores the
+response failed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.sdk_types import strict_event, strict_response
+from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.stateful import LONG_PROMPT, poll
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 24}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def start_pair(tmp: Path) -> tuple[RespdServer, RespdServer]:
+    upstream = start_server(tmp, "--ctx-size", "2048", "--store", "memory")
+    try:
+        front = start_server(
+            tmp,
+            "--engine", "openai",
+            "--upstream-url", upstream.base_url + "/v1",
+            "--ctx-size", "2048",
+            "--store", "sqlite",
+            "--data-dir", str(tmp / "front-data"),
+        )  # fmt: skip
+    except BaseException:
+        upstream.stop()
+        raise
+    return upstream, front
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RespdServer, RespdServer]]:
+    upstream, front = start_pair(tmp_path_factory.mktemp("upstream"))
+    yield upstream, front
+    front.stop()
+    upstream.stop()
+    front.assert_no_5xx()
+    upstream.assert_no_5xx()
+
+
+@pytest.fixture()
+def client(pair: tuple[RespdServer, RespdServer]) -> openai.OpenAI:
+    return pair[1].client()
+
+
+def raw(client: openai.OpenAI, **kw: object) -> openai.types.responses.Response:
+    r = client.responses.with_raw_response.create(model=MODEL_ID, **kw)  # type: ignore[call-overload]
+    return strict_response(json.loads(r.text))
+
+
+def test_the_front_lists_the_upstream_model(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL_ID]
+
+
+def test_text_and_stream(client: openai.OpenAI) -> None:
+    resp = raw(client, input="Reply with: hello", temperature=0, max_output_tokens=40)
+    assert resp.status in ("completed", "incomplete") and resp.output_text
+    assert resp.usage is not None and resp.usage.input_tokens > 0
+    assert resp.usage.output_tokens > 0
+    events = [
+        strict_event(e.to_dict())
+        for e in client.responses.create(
+            model=MODEL_ID, input="Count to 3.", temperature=0, stream=True, max_output_tokens=40
+        )
+    ]
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text  # type: ignore[union-attr]
+
+
+def test_forced_tool_call_and_structured_output(client: openai.OpenAI) -> None:
+    resp = raw(
+        client,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"},
+        max_output_tokens=80,
+    )
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert resp.status == "completed" and len(calls) == 1, resp.output
+    assert calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    answer = raw(
+        client,
+        input="What is the capital of France?",
+        text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}},
+        max_output_tokens=80,
+    )
+    assert answer.status == "completed", answer.output
+    assert isinstance(json.loads(answer.output_text)["answer"], str)
+
+
+def test_chains_and_conversations_live_in_the_front(client: openai.OpenAI) -> None:
+    first = raw(client, input="My name is Ada. Say ok.", temperature=0, max_output_tokens=16)
+    second = raw(
+        client,
+        input="What is my name?",
+        previous_response_id=first.id,
+        temperature=0,
+        max_output_tokens=16,
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the chain was sent
+    items = client.responses.input_items.list(second.id).data
+    assert [i.type for i in items][-1] == "message"
+    conv = client.conversations.create()
+    raw(client, input="Say hi.", conversation=conv.id, max_output_tokens=8)
+    listed = client.conversations.items.list(conv.id).data
+    assert len(listed) == 2  # the user turn and the answer
+
+
+def test_background_and_cancel(client: openai.OpenAI) -> None:
+    done = raw(client, input="Say hi.", background=True, max_output_tokens=8)
+    assert done.status == "queued"
+    finished = poll(client, done.id, lambda r: r.status not in ("queued", "in_progress"))
+    assert finished.status in ("completed", "incomplete")
+    job = raw(client, input=LONG_PROMPT, background=True, max_output_tokens=1500)
+    running = poll(client, job.id, lambda r: len(r.output_text) > 10)
+    cancelled = client.responses.cancel(job.id)
+    assert cancelled.status == "cancelled"
+    assert cancelled.output_text.startswith(running.output_text)
+
+
+def test_an_upstream_killed_mid_stream_fails_the_response(tmp_path: Path) -> None:
+    upstream, front = start_pair(tmp_path)
+    try:
+        client = front.client()
+        stream = client.responses.create(
+            model=MODEL_ID, input=LONG_PROMPT, stream=True, max_output_tokens=1500
+        )
+        events = []
+        for event in stream:
+            events.append(strict_event(event.to_dict()))
+            if event.type == "response.output_text.delta" and len(events) > 10:
+                upstream.process.send_signal(signal.SIGKILL)
+                upstream.process.wait(timeout=30)
+                break
+        started = time.monotonic()
+        events += [strict_event(e.to_dict()) for e in stream]
+        assert time.monotonic() - started < 30  # never a hang
+        last = events[-1]
+        assert last.type == "response.failed", last
+        assert last.response.error is not None  # type: ignore[union-attr]
+        stored = client.responses.retrieve(last.response.id)  # type: ignore[union-attr]
+        assert stored.status == "failed"
+        health = front.client().with_options(max_retries=0)
+        assert health.models.list().data  # the front still answers
+    finally:
+        front.stop()
+        upstream.stop()

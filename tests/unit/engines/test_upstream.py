@@ -1,0 +1,249 @@
+"""The upstream engine on recorded Chat Completions streams in the shapes vLLM and SGLang
+document (`reasoning_content` deltas, tool calls split across chunks and interleaved by
+index, a final usage chunk with cached tokens) and in the `reasoning` shape other servers
+use: each replays through the real app into Responses items and usage. httpx's
+MockTransport stands in for the network; the requests respd sends are checked too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from respd.api.app import create_app
+from respd.engines.upstream import UpstreamEngine
+from respd.store import MemoryStore
+from tests.sdk_types import strict_event, strict_response
+
+MODEL = "served-model"
+
+
+def sse(chunks: list[dict[str, Any]]) -> bytes:
+    return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+USAGE = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion.chunk",
+    "model": MODEL,
+    "choices": [],
+    "usage": {
+        "prompt_tokens": 31,
+        "completion_tokens": 17,
+        "total_tokens": 48,
+        "prompt_tokens_details": {"cached_tokens": 16},
+    },
+}
+# vLLM with --reasoning-parser and --tool-call-parser: reasoning first, then two parallel
+# calls, each one's argument fragments split across chunks.
+VLLM = [
+    chunk({"role": "assistant", "content": ""}),
+    chunk({"reasoning_content": "The user wants "}),
+    chunk({"reasoning_content": "two cities."}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "chatcmpl-tool-a",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": ""},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Pa'}}]}),
+    chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ris"}'}}]}),
+    chunk(
+        {
+            "tool_calls": [
+                {
+                    "index": 1,
+                    "id": "chatcmpl-tool-b",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": '},
+                }
+            ]
+        }
+    ),
+    chunk({"tool_calls": [{"index": 1, "function": {"arguments": '"Rome"}'}}]}),
+    chunk({}, finish="tool_calls"),
+    USAGE,
+]
+# SGLang (and servers that name it `reasoning`): thinking, then a text answer.
+SGLANG = [
+    chunk({"role": "assistant"}),
+    chunk({"reasoning_content": "Short answer."}),
+    chunk({"content": "Paris "}),
+    chunk({"content": "is the capital."}),
+    chunk({}, finish="stop"),
+    USAGE,
+]
+REASONING_FIELD = [
+    chunk({"reasoning": "Think."}),
+    chunk({"content": "Done."}, finish="stop"),
+    USAGE,
+]
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture()
+def sent() -> list[dict[str, Any]]:
+    return []
+
+
+def app_over(
+    reply: Callable[[dict[str, Any]], httpx.Response], sent: list[dict[str, Any]]
+) -> httpx.AsyncClient:
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        return reply(body)
+
+    upstream = httpx.AsyncClient(
+        transport=httpx.MockTransport(handler), base_url="http://upstream/v1"
+    )
+    engine = UpstreamEngine(
+        "http://upstream/v1", model_id="front", upstream_model=MODEL, http=upstream
+    )
+    app = create_app(engine, MemoryStore())
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://respd.test")
+
+
+def streaming(chunks: list[dict[str, Any]]) -> Callable[[dict[str, Any]], httpx.Response]:
+    return lambda _: httpx.Response(
+        200, content=sse(chunks), headers={"content-type": "text/event-stream"}
+    )
+
+
+async def test_vllm_parallel_calls_and_reasoning(sent: list[dict[str, Any]]) -> None:
+    async with app_over(streaming(VLLM), sent) as http:
+        r = await http.post(
+            "/v1/responses",
+            json={
+                "model": "front",
+                "input": "Weather in Paris and Rome?",
+                "tools": [WEATHER, WEATHER | {"name": "get_time"}],
+                "tool_choice": "required",
+                "reasoning": {"effort": "low"},
+            },
+        )
+    resp = strict_response(r.json())
+    assert resp.status == "completed"
+    kinds = [o.type for o in resp.output]
+    assert kinds == ["reasoning", "function_call", "function_call"], kinds
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Paris"}, {"city": "Rome"}]
+    assert resp.usage is not None and resp.usage.input_tokens == 31
+    assert resp.usage.output_tokens == 17
+    assert resp.usage.input_tokens_details.cached_tokens == 16
+    [body] = sent
+    assert body["model"] == MODEL and body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["tool_choice"] == "required" and body["reasoning_effort"] == "low"
+    assert [t["function"]["name"] for t in body["tools"]] == ["get_weather", "get_time"]
+
+
+async def test_sglang_text_streams_as_responses_events(sent: list[dict[str, Any]]) -> None:
+    async with app_over(streaming(SGLANG), sent) as http:
+        r = await http.post(
+            "/v1/responses", json={"model": "front", "input": "Capital?", "stream": True}
+        )
+    events = [
+        strict_event(json.loads(line[6:]))
+        for line in r.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert (
+        "response.reasoning_text.delta" in types or "response.reasoning_summary_text.delta" in types
+    )
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == "Paris is the capital."
+
+
+async def test_the_reasoning_field_name_and_a_schema_answer(sent: list[dict[str, Any]]) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    answer = [chunk({"content": '{"a": "x"}'}, finish="stop"), USAGE]
+    async with app_over(streaming(REASONING_FIELD), sent) as http:
+        r = await http.post("/v1/responses", json={"model": "front", "input": "Go"})
+        assert [o["type"] for o in r.json()["output"]] == ["reasoning", "message"]
+    async with app_over(streaming(answer), sent) as http:
+        fmt = {"type": "json_schema", "name": "a", "schema": schema, "strict": True}
+        r = await http.post(
+            "/v1/responses", json={"model": "front", "input": "Go", "text": {"format": fmt}}
+        )
+        assert json.loads(strict_response(r.json()).output_text) == {"a": "x"}
+        assert sent[-1]["response_format"]["json_schema"]["schema"] == schema
+        c = await http.post(
+            "/v1/chat/completions",
+            json={
+                "model": "front",
+                "messages": [{"role": "user", "content": "Go"}],
+                "tools": [{"type": "function", "function": WEATHER}],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+                "parallel_tool_calls": False,
+            },
+        )
+        assert c.status_code == 200
+        assert sent[-1]["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+        assert sent[-1]["parallel_tool_calls"] is False
+
+
+async def test_upstream_failures_fail_the_response(sent: list[dict[str, Any]]) -> None:
+    def refused(_: dict[str, Any]) -> httpx.Response:
+        raise httpx.ConnectError("connection refused")
+
+    async with app_over(refused, sent) as http:
+        r = await http.post("/v1/responses", json={"model": "front", "input": "hi"})
+        resp = strict_response(r.json())
+        assert resp.status == "failed" and resp.error is not None
+        assert resp.error.code == "server_error"
+        health = await http.get("/health")
+        assert health.status_code == 503
+    broken = lambda _: httpx.Response(500, json={"error": {"message": "CUDA out of memory"}})  # noqa: E731
+    async with app_over(broken, sent) as http:
+        r = await http.post("/v1/responses", json={"model": "front", "input": "hi", "stream": True})
+        last = json.loads(
+            [line for line in r.text.splitlines() if line.startswith("data: ")][-1][6:]
+        )
+        assert last["type"] == "response.failed"
+        assert last["response"]["error"]["code"] == "server_error"
+        stored = (await http.get(f"/v1/responses/{last['response']['id']}")).json()
+        assert stored["status"] == "failed"
+
+
+async def test_a_cut_stream_is_an_error_not_a_hang(sent: list[dict[str, Any]]) -> None:
+    async def cut() -> AsyncIterator[bytes]:
+        yield sse(SGLANG[:3])[: -len(b"data: [DONE]\n\n")]
+        raise httpx.ReadError("connection reset")
+
+    def reply(_: dict[str, Any]) -> httpx.Response:
+        return httpx.Response(200, content=cut(), headers={"content-type": "text/event-stream"})
+
+    async with app_over(reply, sent) as http:
+        r = await http.post("/v1/responses", json={"model": "front", "input": "hi"})
+    resp = strict_response(r.json())
+    assert resp.status == "failed"
+    assert resp.output_text == "Paris "  # what arrived before the cut is kept
