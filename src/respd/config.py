@@ -150,6 +150,13 @@ class Settings(BaseSettings):
         description="With --engine openai: the model name the upstream serves. Default: the "
         "first model its /v1/models lists.",
     )
+    upstream: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="More models from OpenAI-compatible servers, beside the main engine: "
+        "ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true], repeatable (the env "
+        "var takes several separated by ';'). Clients ask for ALIAS; respd sends NAME "
+        "(default: the upstream's first model).",
+    )
     model: str | None = Field(
         None,
         description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
@@ -370,6 +377,14 @@ class Settings(BaseSettings):
         description="When set, GET /metrics requires this key (Authorization: Bearer KEY or "
         "X-Api-Key); else /metrics is public.",
     )
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _semicolon_separated(cls, value: object) -> object:
+        """An upstream entry holds commas, so several in one env var are `;`-separated."""
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(";") if p.strip()]
+        return value
 
     @field_validator("api_key", "allowed_hosts", "cors_origins", mode="before")
     @classmethod

@@ -19,13 +19,15 @@ from respd.api.guard import MULTIPART_OVERHEAD, GuardSettings, default_allowed_h
 from respd.api.identity import KeyRing
 from respd.api.quotas import QuotaSettings
 from respd.config import Settings
+from respd.engines.base import Engine
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
-from respd.engines.upstream import UpstreamEngine
+from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaSettings
+from respd.service.models import ModelRegistry
 from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
 
@@ -82,37 +84,63 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def connect_upstream(settings: Settings, console: Console) -> UpstreamEngine:
-    url = settings.upstream_url
-    if not url:
-        raise SystemExit("respd: --engine openai needs --upstream-url")
-    key = settings.upstream_api_key
-    headers = {"authorization": f"Bearer {key}"} if key else {}
+def connect_upstream(spec: UpstreamSpec, settings: Settings, console: Console) -> UpstreamEngine:
+    """An engine for one upstream, after asking it for its models (an upstream that does
+    not answer stops start-up with the reason)."""
+    headers = {"authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     try:
-        models = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=10)
+        models = httpx.get(spec.url.rstrip("/") + "/models", headers=headers, timeout=10)
         models.raise_for_status()
         listed = [m["id"] for m in models.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(f"respd: the upstream at {url} did not list its models: {exc}") from None
-    name = settings.upstream_model or (listed[0] if listed else None)
+        raise SystemExit(
+            f"respd: the upstream at {spec.url} did not list its models: {exc}"
+        ) from None
+    name = spec.model or (listed[0] if listed else None)
     if name is None:
-        raise SystemExit(f"respd: the upstream at {url} lists no models; set --upstream-model")
+        raise SystemExit(f"respd: the upstream at {spec.url} lists no models; name one")
     engine = UpstreamEngine(
-        url,
-        model_id=settings.model_alias or name,
+        spec.url,
+        model_id=spec.alias or name,
         upstream_model=name,
-        api_key=settings.upstream_api_key,
-        context_window=settings.ctx_size,
-        vision=settings.mmproj is not None,
+        api_key=spec.api_key,
+        context_window=spec.context_window or settings.ctx_size,
+        vision=spec.vision,
         max_concurrency=settings.parallel + settings.max_queue,
     )
-    console.print(f"Upstream {url}: model {name} (served as {engine.model_id})")
+    console.print(f"Upstream {spec.url}: model {name} (served as {engine.model_id})")
     return engine
 
 
-def load_engine(settings: Settings, console: Console) -> LlamaCppEngine | UpstreamEngine:
+def load_engines(settings: Settings, console: Console) -> ModelRegistry:
+    """The local model (unless --engine openai) and every upstream, each under its id."""
+    engines: list[Engine] = []
     if settings.engine == "openai":
-        return connect_upstream(settings, console)
+        if not settings.upstream_url:
+            raise SystemExit("respd: --engine openai needs --upstream-url")
+        main = UpstreamSpec(
+            settings.upstream_url,
+            alias=settings.model_alias,
+            model=settings.upstream_model,
+            api_key=settings.upstream_api_key,
+            vision=settings.mmproj is not None,
+        )
+        engines.append(connect_upstream(main, settings, console))
+    else:
+        engines.append(load_engine(settings, console))
+    for entry in settings.upstream:
+        try:
+            spec = UpstreamSpec.parse(entry)
+        except ValueError as exc:
+            raise SystemExit(f"respd: --upstream {entry!r}: {exc}") from None
+        engines.append(connect_upstream(spec, settings, console))
+    ids = [e.model_id for e in engines]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"respd: two engines serve the same model id: {ids}")
+    return ModelRegistry(engines)
+
+
+def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
     path = settings.model_path()
     if not path.is_file():
         raise SystemExit(f"respd: model file not found: {path}")
@@ -204,9 +232,9 @@ def serve(settings: Settings) -> int:
             "can read and delete everything stored; set --api-key or --api-keys-file",
             settings.host,
         )
-    engine = load_engine(settings, console)
+    models = load_engines(settings, console)
     app = create_app(
-        engine,
+        models,
         store,
         default_max_tokens=settings.max_output_tokens,
         sse_keepalive=settings.sse_keepalive_secs,
@@ -247,11 +275,10 @@ def serve(settings: Settings) -> int:
     else:
         where = f"{settings.store} in {settings.data_dir}"
     console.print(f"Store: {where}")
-    console.print(
-        f"respd serving model [bold]{engine.model_id}[/] at http://{host}:{settings.port}/v1"
-    )
+    ids = ", ".join(e.model_id for e in models)
+    console.print(f"respd serving [bold]{ids}[/] at http://{host}:{settings.port}/v1")
     try:
         server.run()
     finally:
-        engine.close()
+        models.close()
     return 0

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -67,7 +68,8 @@ def client(pair: tuple[RespdServer, RespdServer]) -> openai.OpenAI:
 
 
 def raw(client: openai.OpenAI, **kw: object) -> openai.types.responses.Response:
-    r = client.responses.with_raw_response.create(model=MODEL_ID, **kw)  # type: ignore[call-overload]
+    kw.setdefault("model", MODEL_ID)
+    r = client.responses.with_raw_response.create(**kw)  # type: ignore[call-overload]
     return strict_response(json.loads(r.text))
 
 
@@ -181,3 +183,30 @@ def test_an_upstream_killed_mid_stream_fails_the_response(tmp_path: Path) -> Non
     finally:
         front.stop()
         upstream.stop()
+
+
+def test_a_local_model_and_an_upstream_side_by_side(
+    pair: tuple[RespdServer, RespdServer], tmp_path: Path
+) -> None:
+    upstream, _ = pair
+    both = start_server(
+        tmp_path,
+        "--ctx-size", "1024",
+        "--store", "memory",
+        "--upstream", f"remote={upstream.base_url}/v1,model={MODEL_ID},ctx=2048",
+    )  # fmt: skip
+    try:
+        client = both.client()
+        assert sorted(m.id for m in client.models.list().data) == sorted([MODEL_ID, "remote"])
+        before = upstream.log().count("POST /v1/chat/completions")
+        remote = raw(client, model="remote", input="Say hi.", max_output_tokens=8)
+        assert remote.model == "remote" and remote.output_text
+        assert upstream.log().count("POST /v1/chat/completions") == before + 1
+        local = raw(client, input="Say hi.", max_output_tokens=8)
+        assert local.model == MODEL_ID
+        assert upstream.log().count("POST /v1/chat/completions") == before + 1
+        engines = httpx.get(both.base_url + "/health").json()["engines"]
+        assert set(engines) == {MODEL_ID, "remote"} and engines["remote"]["healthy"]
+    finally:
+        both.stop()
+    both.assert_no_5xx()

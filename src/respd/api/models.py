@@ -48,6 +48,10 @@ async def health(request: Request) -> JSONResponse:
     """200 while every engine can serve; 503 (same body) when one cannot, e.g. its worker
     died, so a load balancer takes the replica out."""
     engines = list(_models(request))
+    for engine in engines:
+        probe = getattr(engine, "probe", None)  # a remote engine checks it can be reached
+        if probe is not None:
+            await probe()
     stats = {e.model_id: e.stats() for e in engines}
     healthy = all(s.healthy for s in stats.values())
     first = engines[0]

@@ -17,6 +17,7 @@ import base64
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -303,6 +304,43 @@ def _error_message(text: str) -> str:
     except (ValueError, AttributeError):
         pass
     return text[:500] or "no body"
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """Where one upstream model lives and what respd calls it."""
+
+    url: str
+    alias: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    context_window: int | None = None
+    vision: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> UpstreamSpec:
+        """`ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true]`."""
+        head, *options = [p.strip() for p in text.split(",")]
+        alias, eq, url = head.partition("=")
+        if not eq or not alias or not url.startswith(("http://", "https://")):
+            raise ValueError("expected ALIAS=http(s)://HOST[:PORT]/v1 first")
+        fields: dict[str, str] = {}
+        for option in options:
+            key, eq, value = option.partition("=")
+            if not eq or key not in ("model", "key", "ctx", "vision"):
+                raise ValueError(f"unknown option {option!r} (model=, key=, ctx=, vision=)")
+            fields[key] = value
+        ctx = fields.get("ctx")
+        if ctx is not None and not (ctx.isdigit() and int(ctx) > 0):
+            raise ValueError(f"ctx must be a positive number of tokens, not {ctx!r}")
+        return cls(
+            url,
+            alias=alias,
+            model=fields.get("model"),
+            api_key=fields.get("key"),
+            context_window=int(ctx) if ctx else None,
+            vision=fields.get("vision", "false").lower() in ("1", "true", "yes", "on"),
+        )
 
 
 class UpstreamEngine:

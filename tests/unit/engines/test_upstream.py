@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from respd.api.app import create_app
-from respd.engines.upstream import UpstreamEngine
+from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.store import MemoryStore
 from tests.sdk_types import strict_event, strict_response
 
@@ -116,6 +116,8 @@ def app_over(
     reply: Callable[[dict[str, Any]], httpx.Response], sent: list[dict[str, Any]]
 ) -> httpx.AsyncClient:
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":  # the health probe's model list
+            return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL}]})
         body = json.loads(request.content)
         sent.append(body)
         return reply(body)
@@ -220,8 +222,6 @@ async def test_upstream_failures_fail_the_response(sent: list[dict[str, Any]]) -
         resp = strict_response(r.json())
         assert resp.status == "failed" and resp.error is not None
         assert resp.error.code == "server_error"
-        health = await http.get("/health")
-        assert health.status_code == 503
     broken = lambda _: httpx.Response(500, json={"error": {"message": "CUDA out of memory"}})  # noqa: E731
     async with app_over(broken, sent) as http:
         r = await http.post("/v1/responses", json={"model": "front", "input": "hi", "stream": True})
@@ -247,3 +247,40 @@ async def test_a_cut_stream_is_an_error_not_a_hang(sent: list[dict[str, Any]]) -
     resp = strict_response(r.json())
     assert resp.status == "failed"
     assert resp.output_text == "Paris "  # what arrived before the cut is kept
+
+
+async def test_health_probes_the_upstream() -> None:
+    up = {"ok": True}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if not up["ok"]:
+            raise httpx.ConnectError("connection refused")
+        return httpx.Response(200, json={"object": "list", "data": [{"id": MODEL}]})
+
+    upstream = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://u/v1")
+    engine = UpstreamEngine("http://u/v1", model_id="front", upstream_model=MODEL, http=upstream)
+    app = create_app(engine, MemoryStore())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as http:
+        assert (await http.get("/health")).status_code == 200
+        up["ok"] = False
+        down = await http.get("/health")
+        assert down.status_code == 503
+        assert "ConnectError" in down.json()["engines"]["front"]["problem"]
+        up["ok"] = True
+        assert (await http.get("/health")).status_code == 200
+
+
+def test_upstream_entries() -> None:
+    spec = UpstreamSpec.parse("big=http://gpu:8000/v1,model=Qwen/Qwen3-8B,key=sk-x,ctx=32768")
+    assert spec == UpstreamSpec(
+        "http://gpu:8000/v1",
+        alias="big",
+        model="Qwen/Qwen3-8B",
+        api_key="sk-x",
+        context_window=32768,
+    )
+    assert UpstreamSpec.parse("v=https://h/v1,vision=true").vision
+    for bad in ("http://h/v1", "a=ftp://h", "a=http://h/v1,colour=red", "a=http://h/v1,ctx=-1"):
+        with pytest.raises(ValueError):
+            UpstreamSpec.parse(bad)
