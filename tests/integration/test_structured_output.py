@@ -59,6 +59,39 @@ def test_parse_returns_a_parsed_object_on_20_prompts(client: openai.OpenAI) -> N
         assert r.text.format.type == "json_schema"  # type: ignore[union-attr]
 
 
+class Owner(BaseModel):
+    name: str = Field(max_length=20)
+    age: int = Field(ge=18, le=99)
+
+
+class Review(BaseModel):
+    rating: int = Field(ge=1, le=10)
+    stars: int = Field(gt=0, lt=6)
+    verdict: Literal["buy", "skip"]
+    owner: Owner
+    nickname: str | None = Field(max_length=20)
+    offset: int = Field(ge=-5, le=5)
+
+
+def test_parse_with_numeric_bounds_nested_models_and_optionals(client: openai.OpenAI) -> None:
+    """`Field(ge=, le=, gt=, lt=)` bounds are enforced by the grammar: every sampled answer
+    parses and respects them."""
+    for seed in range(10):
+        r = client.responses.parse(
+            model=MODEL_ID,
+            input="Review a toaster as JSON.",
+            text_format=Review,
+            temperature=1.0,
+            max_output_tokens=160,
+            extra_body={"seed": seed},
+        )
+        assert r.status == "completed", (seed, r.output_text)
+        review = r.output_parsed
+        assert isinstance(review, Review), (seed, r.output_text)
+        assert 1 <= review.rating <= 10 and 0 < review.stars < 6, review
+        assert 18 <= review.owner.age <= 99 and -5 <= review.offset <= 5, review
+
+
 def test_stream_helper_with_text_format(client: openai.OpenAI) -> None:
     with client.responses.stream(
         model=MODEL_ID, input=PROMPTS[0], text_format=Pet, max_output_tokens=80

@@ -7,7 +7,9 @@ with one fix: string characters exclude the control characters JSON forbids unes
 The wrappers around calls (`<tool_call>` tags, `[TOOL_CALLS]`, ...) come from the model
 family's `ToolFormat`.
 
-A schema the grammar cannot enforce is refused up front (`SchemaRejected`, a 400 naming the
+Integer bounds (`minimum`, `maximum`, `exclusive*`) become digit-range rules, so a
+`Field(ge=1, le=10)` answer can only be 1 to 10. A schema the grammar cannot enforce is
+refused up front (`SchemaRejected`, a 400 naming the
 keyword and its path) rather than silently loosened. Bounds are refused too when they are
 larger than the grammar can hold: llama.cpp expands `x{m,n}` into n copies of `x`, so a
 `maxLength` of 10^9 would take gigabytes before the first token.
@@ -17,11 +19,17 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from llama_cpp.llama_grammar import PRIMITIVE_RULES, BuiltinRule, SchemaConverter
+from llama_cpp.llama_grammar import (
+    PRIMITIVE_RULES,
+    RESERVED_NAMES,
+    BuiltinRule,
+    SchemaConverter,
+)
 
 from respd.engines.base import ToolDefinition
 from respd.engines.constraints import (
@@ -51,15 +59,13 @@ UNSUPPORTED_KEYWORDS = frozenset(
         "contains",
         "minContains",
         "maxContains",
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
         "multipleOf",
         "minProperties",
         "maxProperties",
     }
 )
+# Numeric bounds: enforced for integers (a grammar of digit ranges); not for other numbers.
+BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 # Counts the grammar expands into that many rule copies.
 REPETITION_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
 MAX_REPETITION = 4096
@@ -82,6 +88,12 @@ def check_schema_for_grammar(schema: Any) -> None:
                 raise SchemaRejected(f"the keyword '{key}' at {path} cannot be enforced")
             if key in REPETITION_KEYWORDS:
                 _check_bound(value, key, path)
+            if key in BOUND_KEYWORDS and node.get("type") != "integer":
+                raise SchemaRejected(
+                    f"the keyword '{key}' at {path} can be enforced on integers only"
+                )
+        if node.get("type") == "integer" and any(k in node for k in BOUND_KEYWORDS):
+            integer_bounds(node, path)
         pattern = node.get("pattern")
         if isinstance(pattern, str):
             for m in _PATTERN_BOUND.finditer(pattern):
@@ -100,7 +112,100 @@ def _check_bound(value: Any, key: str, path: str) -> None:
         )
 
 
+def _number(value: Any, key: str, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise SchemaRejected(f"'{key}' at {path} must be a number")
+    return float(value)
+
+
+def integer_bounds(schema: dict[str, Any], path: str = "#") -> tuple[int | None, int | None]:
+    """The smallest and largest integer `schema` admits (None: unbounded), from
+    `minimum`/`maximum` and `exclusiveMinimum`/`exclusiveMaximum` (numbers, or draft 4's
+    booleans)."""
+    lo: int | None = None
+    hi: int | None = None
+    if "minimum" in schema:
+        lo = math.ceil(_number(schema["minimum"], "minimum", path))
+        if schema.get("exclusiveMinimum") is True and lo == schema["minimum"]:
+            lo += 1
+    if "maximum" in schema:
+        hi = math.floor(_number(schema["maximum"], "maximum", path))
+        if schema.get("exclusiveMaximum") is True and hi == schema["maximum"]:
+            hi -= 1
+    for key, step in (("exclusiveMinimum", 1), ("exclusiveMaximum", -1)):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        bound = _number(value, key, path)
+        if step > 0:
+            edge = math.floor(bound) + 1
+            lo = edge if lo is None else max(lo, edge)
+        else:
+            edge = math.ceil(bound) - 1
+            hi = edge if hi is None else min(hi, edge)
+    if lo is not None and hi is not None and lo > hi:
+        raise SchemaRejected(f"the integer bounds at {path} admit no value")
+    return lo, hi
+
+
+def _same_length(a: str, b: str) -> list[list[str]]:
+    """GBNF sequences (lists of atoms) matching exactly the digit strings from `a` to `b`,
+    both of one length."""
+    if not a:
+        return [[]]
+    if a[0] == b[0]:
+        return [[f'"{a[0]}"', *rest] for rest in _same_length(a[1:], b[1:])]
+    n = len(a) - 1
+    out: list[list[str]] = []
+    first, last = int(a[0]), int(b[0])
+    if a[1:] != "0" * n:
+        out += [[f'"{a[0]}"', *rest] for rest in _same_length(a[1:], "9" * n)]
+        first += 1
+    tail: list[list[str]] = []
+    if b[1:] != "9" * n:
+        tail = [[f'"{b[0]}"', *rest] for rest in _same_length("0" * n, b[1:])]
+        last -= 1
+    if first <= last:
+        digit = f'"{first}"' if first == last else f"[{first}-{last}]"
+        out.append([digit] + ["[0-9]"] * n)
+    return out + tail
+
+
+def _natural_range(lo: int, hi: int | None) -> list[list[str]]:
+    """Sequences for the non-negative integers from `lo` to `hi` (None: no end), written
+    without leading zeros."""
+    out: list[list[str]] = []
+    length = len(str(lo))
+    top = hi if hi is not None else 10**length - 1
+    while lo <= top:
+        end = min(top, 10**length - 1)
+        out += _same_length(str(lo), str(end))
+        lo, length = end + 1, length + 1
+    if hi is None:  # and every longer number
+        out.append(["[1-9]"] + ["[0-9]"] * (length - 1) + ["[0-9]*"])
+    return out
+
+
+def integer_range_rule(lo: int | None, hi: int | None) -> str:
+    """A GBNF expression for the JSON integers from `lo` to `hi` (None: unbounded)."""
+    alternatives: list[list[str]] = []
+    if lo is None or lo < 0:  # the negatives: "-" then their magnitude
+        low_magnitude = 1 if hi is None or hi >= 0 else -hi
+        high_magnitude = None if lo is None else -lo
+        alternatives += [['"-"', *seq] for seq in _natural_range(low_magnitude, high_magnitude)]
+    if hi is None or hi >= 0:
+        alternatives += _natural_range(max(lo or 0, 0), hi)
+    return "(" + " | ".join(" ".join(seq) for seq in alternatives) + ")"
+
+
 class _Converter(SchemaConverter):
+    def visit(self, schema: dict[str, Any], name: str) -> str:
+        if schema.get("type") == "integer" and any(k in schema for k in BOUND_KEYWORDS):
+            lo, hi = integer_bounds(schema)
+            rule_name = name + "-" if name in RESERVED_NAMES else name or "root"
+            return str(self._add_rule(rule_name, integer_range_rule(lo, hi) + " space"))
+        return str(super().visit(schema, name))
+
     def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
         if name == "char" or rule is PRIMITIVE_RULES["char"]:
             rule = _SAFE_CHAR
