@@ -230,6 +230,10 @@ class GenerationDone:
     cached_tokens: int = 0
     error: str | None = None  # set when finish_reason is "error"
     reasoning_tokens: int | None = None  # when the engine counts them itself
+    # An error a remote engine met, as the HTTP status a non-streaming client gets: the
+    # upstream's own 4xx (its message in `error` is the client's to read), 502 when the
+    # upstream failed or could not be reached, 504 when it timed out.
+    status: int | None = None
 
 
 @dataclass

@@ -282,16 +282,30 @@ class _UpstreamStream:
                 engine.healthy = False
                 engine.problem = f"{type(exc).__name__}: {exc}"
             log.warning("upstream request failed: %s", exc)
+            status = error_status(exc)
+            refused = 400 <= status < 500
             yield GenerationDone(
                 "error",
                 prompt.n_tokens,
                 reader.chunks,
-                error=f"The upstream engine failed: {exc}",
+                error=str(exc) if refused else f"The upstream engine failed: {exc}",
+                status=status,
             )
         finally:
             stats.running -= 1
             if not finished:
                 stats.cancelled += 1
+
+
+def error_status(exc: Exception) -> int:
+    """The status a client gets for an upstream failure: the upstream's own 4xx passes
+    through; a timeout is 504; anything else (its 5xx, a refused or broken connection, a
+    garbled stream) is 502."""
+    if isinstance(exc, UpstreamError) and 400 <= exc.status < 500:
+        return exc.status
+    if isinstance(exc, httpx.TimeoutException):
+        return 504
+    return 502
 
 
 def _error_message(text: str) -> str:

@@ -213,23 +213,46 @@ async def test_the_reasoning_field_name_and_a_schema_answer(sent: list[dict[str,
         assert sent[-1]["parallel_tool_calls"] is False
 
 
-async def test_upstream_failures_fail_the_response(sent: list[dict[str, Any]]) -> None:
-    def refused(_: dict[str, Any]) -> httpx.Response:
-        raise httpx.ConnectError("connection refused")
+@pytest.mark.parametrize(
+    ("failure", "status", "code"),
+    [
+        (httpx.ConnectError("connection refused"), 502, "upstream_error"),
+        (httpx.ReadTimeout("timed out"), 504, "upstream_error"),
+        (httpx.Response(500, json={"error": {"message": "CUDA out of memory"}}), 502, None),
+        (httpx.Response(400, json={"error": {"message": "prompt is too long"}}), 400, None),
+        (httpx.Response(429, text="slow down"), 429, None),
+    ],
+)
+async def test_upstream_failures_keep_their_status(
+    sent: list[dict[str, Any]], failure: Exception | httpx.Response, status: int, code: str | None
+) -> None:
+    def reply(_: dict[str, Any]) -> httpx.Response:
+        if isinstance(failure, Exception):
+            raise failure
+        return failure
 
-    async with app_over(refused, sent) as http:
+    refused = status < 500
+    async with app_over(reply, sent) as http:
         r = await http.post("/v1/responses", json={"model": "front", "input": "hi"})
-        resp = strict_response(r.json())
-        assert resp.status == "failed" and resp.error is not None
-        assert resp.error.code == "server_error"
-    broken = lambda _: httpx.Response(500, json={"error": {"message": "CUDA out of memory"}})  # noqa: E731
-    async with app_over(broken, sent) as http:
-        r = await http.post("/v1/responses", json={"model": "front", "input": "hi", "stream": True})
-        last = json.loads(
-            [line for line in r.text.splitlines() if line.startswith("data: ")][-1][6:]
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert error["code"] == ("upstream_refused" if refused else "upstream_error")
+        assert error["type"] == ("invalid_request_error" if refused else "server_error")
+        if status == 400:
+            assert "prompt is too long" in error["message"]  # the upstream's own words
+        if status == 429:
+            assert "slow down" in error["message"]
+        c = await http.post(
+            "/v1/chat/completions",
+            json={"model": "front", "messages": [{"role": "user", "content": "hi"}]},
         )
-        assert last["type"] == "response.failed"
-        assert last["response"]["error"]["code"] == "server_error"
+        assert c.status_code == status and c.json()["error"]["code"] == error["code"]
+        streamed = await http.post(
+            "/v1/responses", json={"model": "front", "input": "hi", "stream": True}
+        )
+        data = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        last = json.loads(data[-1][6:])
+        assert last["type"] == "response.failed"  # a stream has begun: its last event says so
         stored = (await http.get(f"/v1/responses/{last['response']['id']}")).json()
         assert stored["status"] == "failed"
 
@@ -244,9 +267,16 @@ async def test_a_cut_stream_is_an_error_not_a_hang(sent: list[dict[str, Any]]) -
 
     async with app_over(reply, sent) as http:
         r = await http.post("/v1/responses", json={"model": "front", "input": "hi"})
-    resp = strict_response(r.json())
-    assert resp.status == "failed"
-    assert resp.output_text == "Paris "  # what arrived before the cut is kept
+        assert r.status_code == 502
+        streamed = await http.post(
+            "/v1/responses", json={"model": "front", "input": "hi", "stream": True}
+        )
+        data = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        last = json.loads(data[-1][6:])
+        assert last["type"] == "response.failed"
+        stored = strict_response((await http.get(f"/v1/responses/{last['response']['id']}")).json())
+    assert stored.status == "failed"
+    assert stored.output_text == "Paris "  # what arrived before the cut is kept
 
 
 async def test_health_probes_the_upstream() -> None:

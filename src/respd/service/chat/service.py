@@ -92,6 +92,7 @@ class ChatResult:
     reasoning_tokens: int = 0
     error: str | None = None  # the generation failed: what the client is told
     error_code: str = "server_error"
+    status: int | None = None  # the HTTP status of a failure, when not 500
 
 
 ChatDelta = ContentDelta | ToolCallDelta | ReasoningDelta
@@ -295,7 +296,13 @@ def _finish(result: ChatResult, finished: Finished) -> None:
     result.completion_tokens = usage.output_tokens
     result.cached_tokens = usage.cached_tokens
     result.reasoning_tokens = usage.reasoning_tokens
-    if finished.reason == "error":
+    if finished.reason == "error" and finished.status is not None:
+        # A remote engine's failure: its own refusal (4xx) is the client's to read.
+        refused = finished.status < 500
+        result.error = (finished.error or FAILED) if refused else FAILED
+        result.status = finished.status
+        result.error_code = "upstream_refused" if refused else "upstream_error"
+    elif finished.reason == "error":
         result.error = FAILED
     elif finished.reason == "interrupted":
         result.error, result.error_code = SHUT_DOWN, "server_shutting_down"

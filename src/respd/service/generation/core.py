@@ -341,7 +341,7 @@ async def _events(
         if progress.observer is not None:
             seconds = time.monotonic() - progress.started_at
             progress.observer.finished(spec.params.api, usage, seconds)
-        yield Finished(reason, usage, calls=guard.calls, error=done.error)
+        yield Finished(reason, usage, calls=guard.calls, error=done.error, status=done.status)
     finally:
         progress.ended()
 

@@ -76,6 +76,7 @@ class Finished:
     usage: Usage
     calls: int = 0  # tool calls made
     error: str | None = None
+    status: int | None = None  # see `GenerationDone.status`
 
 
 OutputEvent = TextDelta | ReasoningDelta | CallStarted | ArgumentsDelta | CallFinished

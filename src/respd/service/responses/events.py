@@ -162,6 +162,8 @@ class ResponseEventMachine:
     incomplete_reason: str | None = None
     completed_at: int | None = None
     generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
+    # A remote engine's failure, as the HTTP status a non-streaming client gets.
+    error_status: int | None = None
     _seq: int = 0
     _text: _OpenText | None = None  # the message or reasoning item being written
     _call: _OpenCall | None = None
@@ -421,6 +423,11 @@ class ResponseEventMachine:
 
     def end(self, finished: Finished) -> list[ResponseStreamEvent]:
         """The terminal events for how the generation ended."""
+        if finished.reason == "error" and finished.status is not None:
+            self.error_status = finished.status
+            if finished.status < 500:
+                return self.fail(f"The upstream engine refused the request: {finished.error}")
+            return self.fail("The upstream engine failed while generating this response.")
         if finished.reason == "error":
             return self.fail("The model failed while generating this response.")
         if finished.reason == "cancelled":
