@@ -1,0 +1,173 @@
+"""respd in front of llama.cpp's own llama-server (`--engine openai`), built from the same
+vendored llama.cpp sources (scripts/llama-server.sh) and serving the default model: text,
+streams, a forced tool call, a JSON-Schema answer, chaining, conversations, background jobs
+and cancel, all through respd's Responses API.
+
+The binary comes from RESPD_TEST_LLAMA_SERVER; without it these tests fail under CI (`.ci/run`
+builds it) and skip elsewhere, saying how to build it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from respd.config import embedded_model_path
+from tests.sdk_types import strict_event, strict_response
+from tests.servers import RespdServer, free_port, start_server
+from tests.stateful import LONG_PROMPT, poll
+
+ENV = "RESPD_TEST_LLAMA_SERVER"
+MODEL = "smol"
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+
+
+def llama_server_binary() -> Path:
+    path = os.environ.get(ENV)
+    if path:
+        return Path(path)
+    if os.environ.get("CI"):
+        pytest.fail(f"{ENV} is not set: .ci/run builds llama-server with scripts/llama-server.sh")
+    pytest.skip(f'these tests need {ENV}: export {ENV}="$(scripts/llama-server.sh)"')
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    binary = llama_server_binary()
+    tmp = tmp_path_factory.mktemp("llama-server")
+    port = free_port()
+    log = (tmp / "llama-server.log").open("wb")
+    llama = subprocess.Popen(
+        [
+            str(binary),
+            "-m",
+            str(embedded_model_path()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            "4096",
+            "-np",
+            "2",
+            "-t",
+            "2",
+            "--alias",
+            MODEL,
+            "--jinja",
+            "--no-webui",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert llama.poll() is None, (tmp / "llama-server.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "llama-server did not start"
+            time.sleep(0.2)
+        server = start_server(
+            tmp,
+            "--engine", "openai",
+            "--upstream-url", f"http://127.0.0.1:{port}/v1",
+            "--ctx-size", "2048",
+            "--store", "memory",
+        )  # fmt: skip
+        yield server
+        server.stop()
+        server.assert_no_5xx()
+    finally:
+        llama.terminate()
+        llama.wait(timeout=30)
+
+
+@pytest.fixture()
+def client(front: RespdServer) -> openai.OpenAI:
+    return front.client()
+
+
+def create(client: openai.OpenAI, **kw: object) -> openai.types.responses.Response:
+    r = client.responses.with_raw_response.create(model=MODEL, **kw)  # type: ignore[call-overload]
+    return strict_response(json.loads(r.text))
+
+
+def test_text_and_stream(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    resp = create(client, input="Reply with: hello", temperature=0, max_output_tokens=40)
+    assert resp.status in ("completed", "incomplete") and resp.output_text
+    assert resp.usage is not None and resp.usage.input_tokens > 0
+    events = [
+        strict_event(e.to_dict())
+        for e in client.responses.create(
+            model=MODEL, input="Count to 3.", temperature=0, stream=True, max_output_tokens=40
+        )
+    ]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text and text == events[-1].response.output_text  # type: ignore[union-attr]
+
+
+def test_forced_tool_call_and_schema_answer(client: openai.OpenAI) -> None:
+    resp = create(
+        client,
+        input="What is the weather in Paris?",
+        tools=[WEATHER],
+        tool_choice="required",
+        max_output_tokens=100,
+    )
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert calls and calls[0].name == "get_weather", resp.output
+    assert isinstance(json.loads(calls[0].arguments), dict)
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "string", "maxLength": 40}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    answer = create(
+        client,
+        input="What is the capital of France?",
+        text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}},
+        max_output_tokens=100,
+    )
+    assert answer.status == "completed", answer.output
+    assert isinstance(json.loads(answer.output_text)["answer"], str)
+
+
+def test_state_lives_in_respd(client: openai.OpenAI) -> None:
+    first = create(client, input="My name is Ada. Say ok.", temperature=0, max_output_tokens=16)
+    second = create(client, input="And again.", previous_response_id=first.id, max_output_tokens=16)
+    assert second.usage is not None and first.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens  # the chain was sent
+    conv = client.conversations.create()
+    create(client, input="Say hi.", conversation=conv.id, max_output_tokens=8)
+    assert len(client.conversations.items.list(conv.id).data) == 2
+    job = create(client, input=LONG_PROMPT, background=True, max_output_tokens=1500)
+    running = poll(client, job.id, lambda r: len(r.output_text) > 10)
+    cancelled = client.responses.cancel(job.id)
+    assert cancelled.status == "cancelled"
+    assert cancelled.output_text.startswith(running.output_text)
+    quick = create(client, input="Say hi.", background=True, max_output_tokens=8)
+    done = poll(client, quick.id, lambda r: r.status not in ("queued", "in_progress"))
+    assert done.status in ("completed", "incomplete")
