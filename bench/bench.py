@@ -121,6 +121,28 @@ def start_respd(args: argparse.Namespace, log_dir: Path) -> Server:
     return server
 
 
+def start_respd_upstream(args: argparse.Namespace, log_dir: Path, upstream: Server) -> Server:
+    """respd with no model of its own, in front of `upstream` (`--engine openai`)."""
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "respd", "serve",
+        "--port", str(port),
+        "--engine", "openai",
+        "--upstream-url", upstream.base_url + "/v1",
+        "--upstream-model", upstream.model,
+        "--model-alias", "bench",
+        "--ctx-size", str(args.ctx_size),
+        "--parallel", str(args.parallel),
+        "--store", "memory",
+        "--log-level", "warning",
+    ]  # fmt: skip
+    log = (log_dir / "respd-upstream.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = Server("respd→llama", proc, f"http://127.0.0.1:{port}", "bench")
+    wait_healthy(server)
+    return server
+
+
 def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
     port = free_port()
     cmd = [
@@ -414,25 +436,38 @@ def main() -> None:
     rows: list[LevelResult] = []
     rss: dict[str, float] = {}
     prefix: dict[str, Any] = {}
-    for starter in (start_llama_server, start_respd):
-        server = starter(args, log_dir)
+
+    def measure(server: Server, apis: list[str]) -> None:
+        asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
+        for level in levels:
+            for api in apis:
+                n = max(4, args.rounds * level)
+                rows.append(asyncio.run(run_level(server, api, level, n, args.max_tokens)))
+                r = rows[-1]
+                print(
+                    f"  {r.server:12} {r.api:9} c={level:<3} agg {r.aggregate_tps:7.1f} tok/s",
+                    flush=True,
+                )
+
+    llama = start_llama_server(args, log_dir)
+    try:
+        measure(llama, ["chat"])
+        rss[llama.name] = llama.peak_rss_mib()
+        # respd as the stateful layer in front of the same llama-server.
+        front = start_respd_upstream(args, log_dir, llama)
         try:
-            apis = ["chat", "responses"] if server.name == "respd" else ["chat"]
-            asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
-            for level in levels:
-                for api in apis:
-                    n = max(4, args.rounds * level)
-                    rows.append(asyncio.run(run_level(server, api, level, n, args.max_tokens)))
-                    r = rows[-1]
-                    print(
-                        f"  {r.server:12} {r.api:9} c={level:<3} agg {r.aggregate_tps:7.1f} tok/s",
-                        flush=True,
-                    )
-            if server.name == "respd":
-                prefix = asyncio.run(prefix_cache_case(server, args.parallel))
-            rss[server.name] = server.peak_rss_mib()
+            measure(front, ["chat", "responses"])
         finally:
-            server.stop()
+            front.stop()
+    finally:
+        llama.stop()
+    respd = start_respd(args, log_dir)
+    try:
+        measure(respd, ["chat", "responses"])
+        prefix = asyncio.run(prefix_cache_case(respd, args.parallel))
+        rss[respd.name] = respd.peak_rss_mib()
+    finally:
+        respd.stop()
     ceiling = in_process_ceiling(args, args.max_tokens)
 
     def find(name: str, api: str, level: int) -> LevelResult:
@@ -452,7 +487,13 @@ def main() -> None:
     summary: dict[str, Any] = {"ratios": {}}
     for level in levels:
         base = find("llama-server", "chat", level)
-        for name, api in (("llama-server", "chat"), ("respd", "chat"), ("respd", "responses")):
+        for name, api in (
+            ("llama-server", "chat"),
+            ("respd", "chat"),
+            ("respd", "responses"),
+            ("respd→llama", "chat"),
+            ("respd→llama", "responses"),
+        ):
             r = find(name, api, level)
             ratio = r.aggregate_tps / base.aggregate_tps if base.aggregate_tps else float("nan")
             r.extra["ratio_vs_llama_server"] = ratio
