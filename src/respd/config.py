@@ -153,9 +153,11 @@ class Settings(BaseSettings):
     upstream: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="More models from OpenAI-compatible servers, beside the main engine: "
-        "ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true], repeatable (the env "
-        "var takes several separated by ';'). Clients ask for ALIAS; respd sends NAME "
-        "(default: the upstream's first model).",
+        "ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true][,tool_choice=false]"
+        "[,response_format=false], repeatable (the env var takes several separated by ';'). "
+        "Clients ask for ALIAS; respd sends NAME (default: the upstream's first model). "
+        "tool_choice=false / response_format=false: the upstream cannot force calls / "
+        "enforce schemas, so such requests are a 400.",
     )
     model: str | None = Field(
         None,

@@ -106,6 +106,8 @@ def connect_upstream(spec: UpstreamSpec, settings: Settings, console: Console) -
         api_key=spec.api_key,
         context_window=spec.context_window or settings.ctx_size,
         vision=spec.vision,
+        forces_tools=spec.forces_tools,
+        enforces_schemas=spec.enforces_schemas,
         max_concurrency=settings.parallel + settings.max_queue,
     )
     console.print(f"Upstream {spec.url}: model {name} (served as {engine.model_id})")
@@ -115,9 +117,9 @@ def connect_upstream(spec: UpstreamSpec, settings: Settings, console: Console) -
 def load_engines(settings: Settings, console: Console) -> ModelRegistry:
     """The local model (unless --engine openai) and every upstream, each under its id."""
     engines: list[Engine] = []
-    if settings.engine == "openai":
-        if not settings.upstream_url:
-            raise SystemExit("respd: --engine openai needs --upstream-url")
+    if settings.engine == "openai" and not settings.upstream_url and not settings.upstream:
+        raise SystemExit("respd: --engine openai needs --upstream-url or --upstream entries")
+    if settings.engine == "openai" and settings.upstream_url:
         main = UpstreamSpec(
             settings.upstream_url,
             alias=settings.model_alias,
@@ -126,7 +128,7 @@ def load_engines(settings: Settings, console: Console) -> ModelRegistry:
             vision=settings.mmproj is not None,
         )
         engines.append(connect_upstream(main, settings, console))
-    else:
+    elif settings.engine != "openai":
         engines.append(load_engine(settings, console))
     for entry in settings.upstream:
         try:

@@ -40,7 +40,7 @@ from respd.engines.base import (
     TokenLogprob,
     TopLogprob,
 )
-from respd.engines.constraints import Constraint, check_schema
+from respd.engines.constraints import Constraint, ConstraintError, check_schema
 from respd.engines.families.profile import STRUCTURED
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,13 @@ def _error_message(text: str) -> str:
     return text[:500] or "no body"
 
 
+OPTIONS = ("model", "key", "ctx", "vision", "tool_choice", "response_format")
+
+
+def _flag(value: str) -> bool:
+    return value.lower() in ("1", "true", "yes", "on")
+
+
 @dataclass(frozen=True)
 class UpstreamSpec:
     """Where one upstream model lives and what respd calls it."""
@@ -330,10 +337,14 @@ class UpstreamSpec:
     api_key: str | None = None
     context_window: int | None = None
     vision: bool = False
+    # What the upstream can enforce: a forced `tool_choice`, a `response_format` schema.
+    forces_tools: bool = True
+    enforces_schemas: bool = True
 
     @classmethod
     def parse(cls, text: str) -> UpstreamSpec:
-        """`ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true]`."""
+        """`ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true][,tool_choice=false]
+        [,response_format=false]`."""
         head, *options = [p.strip() for p in text.split(",")]
         alias, eq, url = head.partition("=")
         if not eq or not alias or not url.startswith(("http://", "https://")):
@@ -341,8 +352,8 @@ class UpstreamSpec:
         fields: dict[str, str] = {}
         for option in options:
             key, eq, value = option.partition("=")
-            if not eq or key not in ("model", "key", "ctx", "vision"):
-                raise ValueError(f"unknown option {option!r} (model=, key=, ctx=, vision=)")
+            if not eq or key not in OPTIONS:
+                raise ValueError(f"unknown option {option!r} ({', '.join(OPTIONS)})")
             fields[key] = value
         ctx = fields.get("ctx")
         if ctx is not None and not (ctx.isdigit() and int(ctx) > 0):
@@ -353,7 +364,9 @@ class UpstreamSpec:
             model=fields.get("model"),
             api_key=fields.get("key"),
             context_window=int(ctx) if ctx else None,
-            vision=fields.get("vision", "false").lower() in ("1", "true", "yes", "on"),
+            vision=_flag(fields.get("vision", "false")),
+            forces_tools=_flag(fields.get("tool_choice", "true")),
+            enforces_schemas=_flag(fields.get("response_format", "true")),
         )
 
 
@@ -369,6 +382,8 @@ class UpstreamEngine:
         api_key: str | None = None,
         context_window: int = DEFAULT_CONTEXT_WINDOW,
         vision: bool = False,
+        forces_tools: bool = True,
+        enforces_schemas: bool = True,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         timeout: float = 600.0,
         http: httpx.AsyncClient | None = None,
@@ -377,6 +392,8 @@ class UpstreamEngine:
         self.upstream_model = upstream_model or model_id
         self.context_window = context_window
         self.vision = vision
+        self.forces_tools = forces_tools
+        self.enforces_schemas = enforces_schemas
         self.profile = STRUCTURED
         self.default_sampling: dict[str, float] = {}  # the upstream applies its own
         self.max_concurrency = max_concurrency
@@ -406,6 +423,16 @@ class UpstreamEngine:
         check_schema(schema)
 
     async def prepare(self, request: PromptRequest) -> Prompt:
+        constraint = request.constraint
+        # What the upstream cannot enforce is refused, never passed on and hoped for.
+        if constraint is not None and constraint.forced_calls and not self.forces_tools:
+            raise ConstraintError(
+                f"the upstream serving {self.model_id} cannot force tool calls", "calls"
+            )
+        if constraint is not None and constraint.answer is not None and not self.enforces_schemas:
+            raise ConstraintError(
+                f"the upstream serving {self.model_id} cannot enforce a JSON Schema", "answer"
+            )
         messages = list(request.messages)
         budget = self.context_window - request.reserve
         n_tokens = _estimate(messages)

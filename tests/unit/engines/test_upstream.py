@@ -314,3 +314,34 @@ def test_upstream_entries() -> None:
     for bad in ("http://h/v1", "a=ftp://h", "a=http://h/v1,colour=red", "a=http://h/v1,ctx=-1"):
         with pytest.raises(ValueError):
             UpstreamSpec.parse(bad)
+
+
+async def test_what_the_upstream_cannot_enforce_is_refused(sent: list[dict[str, Any]]) -> None:
+    upstream = httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda _: httpx.Response(500)), base_url="http://u/v1"
+    )
+    engine = UpstreamEngine(
+        "http://u/v1",
+        model_id="front",
+        upstream_model=MODEL,
+        http=upstream,
+        forces_tools=False,
+        enforces_schemas=False,
+    )
+    app = create_app(engine, MemoryStore())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as http:
+        forced = await http.post(
+            "/v1/responses",
+            json={"model": "front", "input": "hi", "tools": [WEATHER], "tool_choice": "required"},
+        )
+        assert forced.status_code == 400 and "cannot force tool calls" in forced.text
+        schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+        fmt = {"type": "json_schema", "name": "a", "schema": schema}
+        answer = await http.post(
+            "/v1/responses", json={"model": "front", "input": "hi", "text": {"format": fmt}}
+        )
+        assert answer.status_code == 400 and "cannot enforce a JSON Schema" in answer.text
+        assert answer.json()["error"]["param"] == "text.format"
+    spec = UpstreamSpec.parse("a=http://h/v1,tool_choice=false,response_format=no")
+    assert not spec.forces_tools and not spec.enforces_schemas
