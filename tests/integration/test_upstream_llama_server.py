@@ -1,8 +1,8 @@
 """respd in front of llama.cpp's own llama-server (`--engine openai`), built from the same
 vendored llama.cpp sources (scripts/llama-server.sh) and serving the default model: text,
-streams, tools (a forced call refused, since llama-server cannot force one for this
-model's template), a JSON-Schema answer, chaining, conversations, background jobs
-and cancel, all through respd's Responses API.
+streams, forced tool calls (asked for as a JSON-Schema answer, since llama-server cannot
+force a call for this model's template), a JSON-Schema answer, chaining, conversations,
+background jobs and cancel, all through respd's Responses API.
 
 The binary comes from RESPD_TEST_LLAMA_SERVER; without it these tests fail under CI (`.ci/run`
 builds it) and skip elsewhere, saying how to build it."""
@@ -92,7 +92,7 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
             assert time.monotonic() < deadline, "llama-server did not start"
             time.sleep(0.2)
         # llama-server drops the tools of a template that has none (SmolLM2's), so it cannot
-        # force a call: respd is told, and refuses such requests instead of faking them.
+        # force a call: respd is told, and asks for forced calls as a schema answer.
         server = start_server(
             tmp,
             "--engine", "openai",
@@ -134,19 +134,20 @@ def test_text_and_stream(client: openai.OpenAI) -> None:
     assert text and text == events[-1].response.output_text  # type: ignore[union-attr]
 
 
-def test_tools_and_schema_answers(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(
-            model=MODEL,
+def test_forced_tool_call_and_schema_answer(client: openai.OpenAI) -> None:
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        resp = create(
+            client,
             input="What is the weather in Paris?",
-            tools=[WEATHER],  # type: ignore[list-item]
-            tool_choice="required",
+            tools=[WEATHER],
+            tool_choice=choice,
+            parallel_tool_calls=False,
+            max_output_tokens=100,
         )
-    assert "cannot force tool calls" in refused.value.message
-    offered = create(
-        client, input="Say hi.", tools=[WEATHER], tool_choice="auto", max_output_tokens=30
-    )
-    assert offered.status in ("completed", "incomplete")
+        calls = [o for o in resp.output if o.type == "function_call"]
+        assert resp.status == "completed" and resp.output == calls, resp.output
+        assert calls[0].name == "get_weather"
+        assert isinstance(json.loads(calls[0].arguments)["city"], str)
     schema = {
         "type": "object",
         "properties": {"answer": {"type": "string", "maxLength": 40}},

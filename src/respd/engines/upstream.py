@@ -40,7 +40,13 @@ from respd.engines.base import (
     TokenLogprob,
     TopLogprob,
 )
-from respd.engines.constraints import Constraint, ConstraintError, check_schema
+from respd.engines.constraints import (
+    NO_PARAMETERS,
+    CallsConstraint,
+    Constraint,
+    ConstraintError,
+    check_schema,
+)
 from respd.engines.families.profile import STRUCTURED
 
 log = logging.getLogger(__name__)
@@ -96,18 +102,78 @@ def wire_message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def request_body(model: str, prompt: Prompt, params: SamplingParams) -> dict[str, Any]:
-    """The `/v1/chat/completions` body for one generation."""
-    request = prompt.request
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [wire_message(m) for m in prompt.messages],
-        "stream": True,
-        "stream_options": {"include_usage": True},
+def calls_schema(calls: CallsConstraint) -> dict[str, Any]:
+    """A JSON Schema whose instances are calls to `calls.tools`: `{"name", "arguments"}`,
+    or an array of them when more than one call is allowed."""
+    one = {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "enum": [tool.name]},
+                    "arguments": tool.parameters or NO_PARAMETERS,
+                },
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for tool in calls.tools
+        ]
     }
-    if request.tools:
-        body["tools"] = [t.as_template_tool() for t in request.tools]
+    if calls.max_calls == 1:
+        return one
+    array: dict[str, Any] = {"type": "array", "items": one, "minItems": 1}
+    if calls.max_calls is not None:
+        array["maxItems"] = calls.max_calls
+    return array
+
+
+def _calls_instruction(calls: CallsConstraint) -> ChatMessage:
+    described = "\n".join(
+        json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
+        for t in calls.tools
+    )
+    return ChatMessage(
+        "system",
+        "Call a function: answer with JSON naming the function (`name`) and its `arguments`. "
+        f"The functions:\n{described}",
+    )
+
+
+def request_body(
+    model: str, prompt: Prompt, params: SamplingParams, *, emulate_calls: bool = False
+) -> dict[str, Any]:
+    """The `/v1/chat/completions` body for one generation. With `emulate_calls`, forced
+    calls are asked for as a JSON-Schema answer (for an upstream that enforces schemas but
+    cannot force tools)."""
+    request = prompt.request
     constraint: Constraint | None = prompt.compiled
+    messages = list(prompt.messages)
+    if emulate_calls and constraint is not None and constraint.calls is not None:
+        messages.insert(0, _calls_instruction(constraint.calls))
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [wire_message(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "calls",
+                    "schema": calls_schema(constraint.calls),
+                    "strict": True,
+                },
+            },
+        }
+        constraint = None
+    else:
+        body = {
+            "model": model,
+            "messages": [wire_message(m) for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [t.as_template_tool() for t in request.tools]
     if constraint is not None and constraint.calls is not None:
         calls = constraint.calls
         if constraint.forced_calls:
@@ -165,12 +231,34 @@ def _logprobs(choice: dict[str, Any]) -> list[TokenLogprob]:
 
 class StreamReader:
     """Turns the upstream's chunks into `TokenChunk`s, and remembers what the last ones
-    said (finish reason, usage)."""
+    said (finish reason, usage). With `calls_as_json`, the text is a JSON answer that
+    holds the calls (see `calls_schema`): it is collected and becomes calls at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, calls_as_json: bool = False) -> None:
         self.finish: FinishReason = "stop"
         self.usage: dict[str, Any] | None = None
         self.chunks = 0
+        self._calls_as_json = calls_as_json
+        self._json: list[str] = []
+
+    def flush(self) -> TokenChunk | None:
+        """The calls a JSON answer held (None when there is none, or it was cut off)."""
+        if not self._calls_as_json or not self._json:
+            return None
+        try:
+            answer = json.loads("".join(self._json))
+        except ValueError:
+            return None  # cut off by the budget: no call to report
+        calls = answer if isinstance(answer, list) else [answer]
+        return TokenChunk(
+            "",
+            calls=[
+                CallDelta(i, name=call.get("name"), arguments=json.dumps(call.get("arguments")))
+                for i, call in enumerate(calls)
+                if isinstance(call, dict)
+            ],
+            tokens=0,
+        )
 
     def feed(self, data: dict[str, Any]) -> TokenChunk | None:
         if isinstance(data.get("error"), dict):
@@ -185,6 +273,10 @@ class StreamReader:
             self.finish = _FINISH.get(choice["finish_reason"], "stop")
         delta = choice.get("delta") or {}
         text = delta.get("content") or ""
+        if self._calls_as_json and text:
+            self._json.append(text)
+            self.chunks += 1
+            text = ""
         reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
         calls = [
             CallDelta(
@@ -253,8 +345,9 @@ class _UpstreamStream:
     ) -> AsyncGenerator[GenerationEvent, None]:
         engine = self._engine
         stats = engine._stats
-        body = request_body(engine.upstream_model, prompt, params)
-        reader = StreamReader()
+        emulate = engine.emulates_calls(prompt.compiled)
+        body = request_body(engine.upstream_model, prompt, params, emulate_calls=emulate)
+        reader = StreamReader(calls_as_json=emulate)
         finished = False
         stats.running += 1
         try:
@@ -269,6 +362,9 @@ class _UpstreamStream:
                     if chunk is not None:
                         stats.generated_tokens += chunk.n_tokens
                         yield chunk
+            calls = reader.flush()
+            if calls is not None:
+                yield calls
             done = reader.done(prompt.n_tokens)
             stats.prompt_tokens += done.prompt_tokens
             stats.cached_tokens += done.cached_tokens
@@ -424,8 +520,14 @@ class UpstreamEngine:
 
     async def prepare(self, request: PromptRequest) -> Prompt:
         constraint = request.constraint
-        # What the upstream cannot enforce is refused, never passed on and hoped for.
-        if constraint is not None and constraint.forced_calls and not self.forces_tools:
+        # What the upstream cannot enforce is refused, never passed on and hoped for; forced
+        # calls can still be asked for as a schema answer when it enforces schemas.
+        if (
+            constraint is not None
+            and constraint.forced_calls
+            and not self.forces_tools
+            and not self.enforces_schemas
+        ):
             raise ConstraintError(
                 f"the upstream serving {self.model_id} cannot force tool calls", "calls"
             )
@@ -447,6 +549,11 @@ class UpstreamEngine:
                 n_tokens, self.context_window, request.reserve, truncated=request.truncate
             )
         return Prompt(request, messages, n_tokens, compiled=request.constraint)
+
+    def emulates_calls(self, constraint: Constraint | None) -> bool:
+        """Forced calls go to this upstream as a JSON-Schema answer."""
+        forced = constraint is not None and constraint.forced_calls
+        return forced and not self.forces_tools and self.enforces_schemas
 
     def generate(
         self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None

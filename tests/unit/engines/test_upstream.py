@@ -345,3 +345,51 @@ async def test_what_the_upstream_cannot_enforce_is_refused(sent: list[dict[str, 
         assert answer.json()["error"]["param"] == "text.format"
     spec = UpstreamSpec.parse("a=http://h/v1,tool_choice=false,response_format=no")
     assert not spec.forces_tools and not spec.enforces_schemas
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+async def test_forced_calls_through_an_upstream_that_only_enforces_schemas(
+    sent: list[dict[str, Any]], parallel: bool
+) -> None:
+    call = {"name": "get_weather", "arguments": {"city": "Paris"}}
+    text = json.dumps(call if not parallel else [call, call | {"arguments": {"city": "Rome"}}])
+    chunks = [chunk({"content": text[:9]}), chunk({"content": text[9:]}, finish="stop"), USAGE]
+
+    def reply(_: dict[str, Any]) -> httpx.Response:
+        return httpx.Response(
+            200, content=sse(chunks), headers={"content-type": "text/event-stream"}
+        )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return reply(sent[-1])
+
+    upstream = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://u/v1")
+    engine = UpstreamEngine(
+        "http://u/v1", model_id="front", upstream_model=MODEL, http=upstream, forces_tools=False
+    )
+    app = create_app(engine, MemoryStore())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as http:
+        r = await http.post(
+            "/v1/responses",
+            json={
+                "model": "front",
+                "input": "Weather in Paris?",
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "parallel_tool_calls": parallel,
+            },
+        )
+    resp = strict_response(r.json())
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert resp.status == "completed" and resp.output == calls
+    expected = [{"city": "Paris"}, {"city": "Rome"}] if parallel else [{"city": "Paris"}]
+    assert [json.loads(c.arguments) for c in calls] == expected
+    body = sent[-1]
+    assert "tools" not in body and "tool_choice" not in body
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert (schema.get("type") == "array") == parallel
+    assert (
+        body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
+    )
