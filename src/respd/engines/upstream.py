@@ -311,16 +311,49 @@ class StreamReader:
         )
 
 
-async def read_sse(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of a server-sent event stream, up to `[DONE]`."""
-    async for line in lines:
-        if not line.startswith("data:"):
+async def read_sse(reads: AsyncIterator[bytes]) -> AsyncIterator[list[dict[str, Any]]]:
+    """The JSON payloads of a server-sent event stream, up to `[DONE]`, a batch per network
+    read: when the upstream writes faster than respd reads, the tokens that piled up travel
+    on as one batch instead of one event each."""
+    pending = b""
+    async for data in reads:
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        batch: list[dict[str, Any]] = []
+        for raw in lines:
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                if batch:
+                    yield batch
+                return
+            if payload:
+                batch.append(json.loads(payload))
+        if batch:
+            yield batch
+
+
+def merge_chunks(chunks: list[TokenChunk]) -> list[TokenChunk]:
+    """Consecutive chunks joined into as few as keep their order: reasoning, then text,
+    then calls (the order a reader takes a chunk's parts in)."""
+    merged: list[TokenChunk] = []
+    for chunk in chunks:
+        last = merged[-1] if merged else None
+        if (
+            last is None
+            or (chunk.reasoning and (last.text or last.calls))
+            or (chunk.text and last.calls)
+        ):
+            merged.append(chunk)
             continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        if payload:
-            yield json.loads(payload)
+        last.text += chunk.text
+        last.reasoning += chunk.reasoning
+        last.calls += chunk.calls
+        last.logprobs += chunk.logprobs
+        last.tokens = last.n_tokens + chunk.n_tokens
+    return merged
 
 
 class _UpstreamStream:
@@ -357,9 +390,9 @@ class _UpstreamStream:
                     text = (await response.aread()).decode(errors="replace")
                     raise UpstreamError(_error_message(text), response.status_code)
                 engine.healthy = True
-                async for data in read_sse(response.aiter_lines()):
-                    chunk = reader.feed(data)
-                    if chunk is not None:
+                async for batch in read_sse(response.aiter_bytes()):
+                    fed = [reader.feed(data) for data in batch]
+                    for chunk in merge_chunks([c for c in fed if c is not None]):
                         stats.generated_tokens += chunk.n_tokens
                         yield chunk
             calls = reader.flush()

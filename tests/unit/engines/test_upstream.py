@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from respd.api.app import create_app
-from respd.engines.upstream import UpstreamEngine, UpstreamSpec
+from respd.engines.base import CallDelta, TokenChunk
+from respd.engines.upstream import UpstreamEngine, UpstreamSpec, merge_chunks, read_sse
 from respd.store import MemoryStore
 from tests.sdk_types import strict_event, strict_response
 
@@ -393,3 +394,37 @@ async def test_forced_calls_through_an_upstream_that_only_enforces_schemas(
     assert (
         body["messages"][0]["role"] == "system" and "get_weather" in body["messages"][0]["content"]
     )
+
+
+def test_chunks_that_arrive_together_merge_in_reading_order() -> None:
+    def c(text: str = "", reasoning: str = "", calls: list[CallDelta] | None = None) -> TokenChunk:
+        return TokenChunk(text, reasoning=reasoning, calls=calls or [], tokens=1)
+
+    merged = merge_chunks(
+        [
+            c(reasoning="a"),
+            c(reasoning="b"),
+            c(text="x"),
+            c(text="y"),
+            c(reasoning="late"),  # after text: a chunk of its own, so it stays after it
+            c(calls=[CallDelta(0, "f", "{")]),
+            c(calls=[CallDelta(0, None, "}")]),
+            c(text="z"),  # after calls: its own chunk
+        ]
+    )
+    assert [(m.reasoning, m.text, len(m.calls), m.n_tokens) for m in merged] == [
+        ("ab", "xy", 0, 4),
+        ("late", "", 2, 3),
+        ("", "z", 0, 1),
+    ]
+
+
+async def test_sse_reads_become_batches() -> None:
+    async def reads() -> AsyncIterator[bytes]:
+        body = sse(SGLANG)
+        yield body[:25]  # an event split across reads
+        yield body[25:]
+
+    batches = [b async for b in read_sse(reads())]
+    assert sum(len(b) for b in batches) == len(SGLANG)
+    assert len(batches) <= 2
