@@ -11,28 +11,17 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests import upstream_flows as flows
 from tests.sdk_types import strict_event, strict_response
 from tests.servers import MODEL_ID, RespdServer, start_server
-from tests.stateful import LONG_PROMPT, poll
-
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 24}},
-        "required": ["city"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
+from tests.stateful import LONG_PROMPT
 
 
 def start_pair(tmp: Path) -> tuple[RespdServer, RespdServer]:
@@ -98,62 +87,18 @@ def test_text_and_stream(client: openai.OpenAI) -> None:
 
 
 def test_forced_tool_call_and_structured_output(client: openai.OpenAI) -> None:
-    resp = raw(
-        client,
-        input="What is the weather in Paris?",
-        tools=[WEATHER],
-        tool_choice={"type": "function", "name": "get_weather"},
-        max_output_tokens=80,
-    )
-    calls = [o for o in resp.output if o.type == "function_call"]
-    assert resp.status == "completed" and len(calls) == 1, resp.output
-    assert calls[0].name == "get_weather" and "city" in json.loads(calls[0].arguments)
-    schema = {
-        "type": "object",
-        "properties": {"answer": {"type": "string", "maxLength": 40}},
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
-    answer = raw(
-        client,
-        input="What is the capital of France?",
-        text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}},
-        max_output_tokens=80,
-    )
-    assert answer.status == "completed", answer.output
-    assert isinstance(json.loads(answer.output_text)["answer"], str)
+    create = partial(raw, client)
+    flows.forced_call(create, {"type": "function", "name": "get_weather"})
+    flows.forced_call(create, "required")
+    flows.schema_answer(create)
 
 
 def test_chains_and_conversations_live_in_the_front(client: openai.OpenAI) -> None:
-    first = raw(client, input="My name is Ada. Say ok.", temperature=0, max_output_tokens=16)
-    second = raw(
-        client,
-        input="What is my name?",
-        previous_response_id=first.id,
-        temperature=0,
-        max_output_tokens=16,
-    )
-    assert second.previous_response_id == first.id
-    assert second.usage is not None and first.usage is not None
-    assert second.usage.input_tokens > first.usage.input_tokens  # the chain was sent
-    items = client.responses.input_items.list(second.id).data
-    assert [i.type for i in items][-1] == "message"
-    conv = client.conversations.create()
-    raw(client, input="Say hi.", conversation=conv.id, max_output_tokens=8)
-    listed = client.conversations.items.list(conv.id).data
-    assert len(listed) == 2  # the user turn and the answer
+    flows.chain_and_conversation(client, partial(raw, client))
 
 
 def test_background_and_cancel(client: openai.OpenAI) -> None:
-    done = raw(client, input="Say hi.", background=True, max_output_tokens=8)
-    assert done.status == "queued"
-    finished = poll(client, done.id, lambda r: r.status not in ("queued", "in_progress"))
-    assert finished.status in ("completed", "incomplete")
-    job = raw(client, input=LONG_PROMPT, background=True, max_output_tokens=1500)
-    running = poll(client, job.id, lambda r: len(r.output_text) > 10)
-    cancelled = client.responses.cancel(job.id)
-    assert cancelled.status == "cancelled"
-    assert cancelled.output_text.startswith(running.output_text)
+    flows.background_and_cancel(client, partial(raw, client))
 
 
 def test_an_upstream_killed_mid_stream_fails_the_response(tmp_path: Path) -> None:

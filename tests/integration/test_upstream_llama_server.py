@@ -14,6 +14,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -22,22 +23,12 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.llamacpp import cpu_advertises_amx
+from tests import upstream_flows as flows
 from tests.sdk_types import strict_event, strict_response
 from tests.servers import RespdServer, free_port, start_server
-from tests.stateful import LONG_PROMPT, poll
 
 ENV = "RESPD_TEST_LLAMA_SERVER"
 MODEL = "smol"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 
 
 def llama_server_binary() -> Path:
@@ -113,14 +104,14 @@ def client(front: RespdServer) -> openai.OpenAI:
     return front.client()
 
 
-def create(client: openai.OpenAI, **kw: object) -> openai.types.responses.Response:
+def make(client: openai.OpenAI, **kw: object) -> openai.types.responses.Response:
     r = client.responses.with_raw_response.create(model=MODEL, **kw)  # type: ignore[call-overload]
     return strict_response(json.loads(r.text))
 
 
 def test_text_and_stream(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list().data] == [MODEL]
-    resp = create(client, input="Reply with: hello", temperature=0, max_output_tokens=40)
+    resp = make(client, input="Reply with: hello", temperature=0, max_output_tokens=40)
     assert resp.status in ("completed", "incomplete") and resp.output_text
     assert resp.usage is not None and resp.usage.input_tokens > 0
     events = [
@@ -135,48 +126,12 @@ def test_text_and_stream(client: openai.OpenAI) -> None:
 
 
 def test_forced_tool_call_and_schema_answer(client: openai.OpenAI) -> None:
-    for choice in ("required", {"type": "function", "name": "get_weather"}):
-        resp = create(
-            client,
-            input="What is the weather in Paris?",
-            tools=[WEATHER],
-            tool_choice=choice,
-            parallel_tool_calls=False,
-            max_output_tokens=100,
-        )
-        calls = [o for o in resp.output if o.type == "function_call"]
-        assert resp.status == "completed" and resp.output == calls, resp.output
-        assert calls[0].name == "get_weather"
-        assert isinstance(json.loads(calls[0].arguments)["city"], str)
-    schema = {
-        "type": "object",
-        "properties": {"answer": {"type": "string", "maxLength": 40}},
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
-    answer = create(
-        client,
-        input="What is the capital of France?",
-        text={"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}},
-        max_output_tokens=100,
-    )
-    assert answer.status == "completed", answer.output
-    assert isinstance(json.loads(answer.output_text)["answer"], str)
+    create = partial(make, client)
+    flows.forced_call(create, "required")
+    flows.forced_call(create, {"type": "function", "name": "get_weather"})
+    flows.schema_answer(create)
 
 
 def test_state_lives_in_respd(client: openai.OpenAI) -> None:
-    first = create(client, input="My name is Ada. Say ok.", temperature=0, max_output_tokens=16)
-    second = create(client, input="And again.", previous_response_id=first.id, max_output_tokens=16)
-    assert second.usage is not None and first.usage is not None
-    assert second.usage.input_tokens > first.usage.input_tokens  # the chain was sent
-    conv = client.conversations.create()
-    create(client, input="Say hi.", conversation=conv.id, max_output_tokens=8)
-    assert len(client.conversations.items.list(conv.id).data) == 2
-    job = create(client, input=LONG_PROMPT, background=True, max_output_tokens=1500)
-    running = poll(client, job.id, lambda r: len(r.output_text) > 10)
-    cancelled = client.responses.cancel(job.id)
-    assert cancelled.status == "cancelled"
-    assert cancelled.output_text.startswith(running.output_text)
-    quick = create(client, input="Say hi.", background=True, max_output_tokens=8)
-    done = poll(client, quick.id, lambda r: r.status not in ("queued", "in_progress"))
-    assert done.status in ("completed", "incomplete")
+    flows.chain_and_conversation(client, partial(make, client))
+    flows.background_and_cancel(client, partial(make, client))
