@@ -155,3 +155,27 @@ def test_a_local_model_and_an_upstream_side_by_side(
     finally:
         both.stop()
     both.assert_no_5xx()
+
+
+def test_a_client_that_hangs_up_cancels_the_upstream_generation(
+    pair: tuple[RespdServer, RespdServer],
+) -> None:
+    upstream, front = pair
+    before = httpx.get(upstream.base_url + "/health").json()["engine"]
+    with httpx.Client(base_url=front.base_url, timeout=60) as http:
+        body = {"model": MODEL_ID, "input": LONG_PROMPT, "stream": True, "max_output_tokens": 1500}
+        with http.stream("POST", "/v1/responses", json=body) as r:
+            deltas = 0
+            for line in r.iter_lines():
+                deltas += "output_text.delta" in line
+                if deltas >= 5:
+                    break  # hang up mid-stream
+    deadline = time.monotonic() + 30
+    while True:
+        engine = httpx.get(upstream.base_url + "/health").json()["engine"]
+        if engine["cancelled"] > before["cancelled"] and engine["running"] == 0:
+            break
+        assert time.monotonic() < deadline, engine
+        time.sleep(0.1)
+    # The upstream stopped early: far fewer tokens than the 1500 asked for.
+    assert engine["generated_tokens"] - before["generated_tokens"] < 1000
