@@ -13,7 +13,7 @@ from respd.api.identity import owner_of
 from respd.api.quotas import stream_slot
 from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
-from respd.protocol.errors import APIError
+from respd.protocol.errors import APIError, ServerError, UpstreamFailed
 from respd.protocol.wire import wire
 from respd.service.chat.service import ChatResult, ChatService, PreparedChat, ToolCallDelta
 from respd.service.generation.output import ReasoningDelta
@@ -22,9 +22,10 @@ router = APIRouter()
 
 
 def _error(result: ChatResult) -> APIError:
-    status = result.status or (503 if result.error_code == "server_shutting_down" else 500)
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return APIError(result.error or "", code=result.error_code, status_code=status, error_type=kind)
+    if result.status is not None:
+        return UpstreamFailed(result.error or "", result.status)
+    status = 503 if result.error_code == "server_shutting_down" else 500
+    return ServerError(result.error or "", code=result.error_code, status_code=status)
 
 
 async def _complete(service: ChatService, prepared: PreparedChat) -> ChatResult:

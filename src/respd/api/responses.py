@@ -15,7 +15,7 @@ from respd.api.identity import owner_of
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
 from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
-from respd.protocol.errors import APIError
+from respd.protocol.errors import UpstreamFailed
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
@@ -80,13 +80,7 @@ async def create_response(request: Request) -> Response:
     machine = await until_disconnect(request, _collect(service, prepared))
     if machine.error_status is not None and machine.error is not None:
         # An upstream's refusal or failure keeps its status (the response is stored failed).
-        status = machine.error_status
-        raise APIError(
-            machine.error["message"],
-            status_code=status,
-            code="upstream_refused" if status < 500 else "upstream_error",
-            error_type="invalid_request_error" if status < 500 else "server_error",
-        )
+        raise UpstreamFailed(machine.error["message"], machine.error_status)
     return JSONResponse(wire(machine.snapshot()))
 
 

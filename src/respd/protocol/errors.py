@@ -81,6 +81,20 @@ class ServerError(APIError):
     error_type = "server_error"
 
 
+class UpstreamFailed(APIError):
+    """A remote engine's refusal (its own 4xx, passed through to the client) or failure
+    (502 when it failed or could not be reached, 504 when it timed out)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        refused = status < 500
+        super().__init__(
+            message,
+            status_code=status,
+            code="upstream_refused" if refused else "upstream_error",
+            error_type="invalid_request_error" if refused else "server_error",
+        )
+
+
 def model_not_found(model: str) -> NotFound:
     return NotFound(
         f"The model '{model}' does not exist or you do not have access to it.",

@@ -92,7 +92,7 @@ class ChatResult:
     reasoning_tokens: int = 0
     error: str | None = None  # the generation failed: what the client is told
     error_code: str = "server_error"
-    status: int | None = None  # the HTTP status of a failure, when not 500
+    status: int | None = None  # a remote engine's failure: the HTTP status it maps to
 
 
 ChatDelta = ContentDelta | ToolCallDelta | ReasoningDelta
@@ -301,7 +301,6 @@ def _finish(result: ChatResult, finished: Finished) -> None:
         refused = finished.status < 500
         result.error = (finished.error or FAILED) if refused else FAILED
         result.status = finished.status
-        result.error_code = "upstream_refused" if refused else "upstream_error"
     elif finished.reason == "error":
         result.error = FAILED
     elif finished.reason == "interrupted":

@@ -192,14 +192,10 @@ def _tool_choice(choice: Any, tools: list[ToolDefinition], *, chat: bool) -> Too
         param = "tool_choice.function.name" if chat else "tool_choice.name"
         return ToolPolicy("required", (_declared(name, tools, param),))
     if kind == "allowed_tools":
-        spec, param = (
-            (choice.get("allowed_tools"), "tool_choice.allowed_tools")
-            if chat
-            else (
-                choice,
-                "tool_choice",
-            )
-        )
+        if chat:
+            spec, param = choice.get("allowed_tools"), "tool_choice.allowed_tools"
+        else:
+            spec, param = choice, "tool_choice"
         if not isinstance(spec, dict):
             raise MissingParameter(param)
         return _allowed(spec.get("mode"), spec.get("tools"), tools, param, nested=chat)
