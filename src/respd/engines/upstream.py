@@ -139,6 +139,10 @@ def _calls_instruction(calls: CallsConstraint) -> ChatMessage:
     )
 
 
+def _schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
 def request_body(
     model: str, prompt: Prompt, params: SamplingParams, *, emulate_calls: bool = False
 ) -> dict[str, Any]:
@@ -147,50 +151,32 @@ def request_body(
     cannot force tools)."""
     request = prompt.request
     constraint: Constraint | None = prompt.compiled
+    calls = constraint.calls if constraint is not None else None
+    emulated = emulate_calls and calls is not None
     messages = list(prompt.messages)
-    if emulate_calls and constraint is not None and constraint.calls is not None:
-        messages.insert(0, _calls_instruction(constraint.calls))
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": [wire_message(m) for m in messages],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {
-                    "name": "calls",
-                    "schema": calls_schema(constraint.calls),
-                    "strict": True,
-                },
-            },
-        }
-        constraint = None
+    if emulated and calls is not None:
+        messages.insert(0, _calls_instruction(calls))
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [wire_message(m) for m in messages],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if emulated and calls is not None:
+        body["response_format"] = _schema_format("calls", calls_schema(calls))
     else:
-        body = {
-            "model": model,
-            "messages": [wire_message(m) for m in messages],
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
         if request.tools:
             body["tools"] = [t.as_template_tool() for t in request.tools]
-    if constraint is not None and constraint.calls is not None:
-        calls = constraint.calls
-        if constraint.forced_calls:
-            if len(calls.tools) == 1:
-                body["tool_choice"] = {
-                    "type": "function",
-                    "function": {"name": calls.tools[0].name},
-                }
-            else:
+        if constraint is not None and calls is not None:
+            if constraint.forced_calls and len(calls.tools) == 1:
+                name = calls.tools[0].name
+                body["tool_choice"] = {"type": "function", "function": {"name": name}}
+            elif constraint.forced_calls:
                 body["tool_choice"] = "required"
-        if calls.max_calls == 1:
-            body["parallel_tool_calls"] = False
-    if constraint is not None and constraint.answer is not None:
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": "answer", "schema": constraint.answer, "strict": True},
-        }
+            if calls.max_calls == 1:
+                body["parallel_tool_calls"] = False
+        if constraint is not None and constraint.answer is not None:
+            body["response_format"] = _schema_format("answer", constraint.answer)
     if request.reasoning_effort is not None:
         body["reasoning_effort"] = request.reasoning_effort
     sampling = {
