@@ -86,15 +86,17 @@ class RequestGuard:
             return
         headers = dict(scope.get("headers") or [])
         host = headers.get(b"host", b"").decode("latin-1").lower()
-        problem = self._check(scope, headers, host)
+        upload = scope["path"] in self.settings.upload_paths
+        limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
+        problem = self._check(scope, headers, host, upload, limit)
         if problem is not None:
             await send_error(scope, send, problem)
             return
-        upload = scope["path"] in self.settings.upload_paths
-        limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
         await self.app(scope, _bounded(receive, limit, upload), send)
 
-    def _check(self, scope: Scope, headers: dict[bytes, bytes], host: str) -> APIError | None:
+    def _check(
+        self, scope: Scope, headers: dict[bytes, bytes], host: str, upload: bool, limit: int
+    ) -> APIError | None:
         if not self.any_host and _hostname(host) not in self.hosts:
             return APIError(
                 f"Host '{host}' is not served here; allow it with --allowed-hosts.",
@@ -107,7 +109,6 @@ class RequestGuard:
                 status_code=403,
                 code="origin_not_allowed",
             )
-        upload = scope["path"] in self.settings.upload_paths
         length = headers.get(b"content-length")
         has_body = b"transfer-encoding" in headers or (length is not None and length != b"0")
         # Upload routes check their own (multipart) content type.
@@ -119,7 +120,6 @@ class RequestGuard:
                     status_code=415,
                     code="unsupported_media_type",
                 )
-        limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             return TooLarge(limit, upload=upload)
         return None
