@@ -149,7 +149,7 @@ def _deep(levels: int) -> dict[str, Any]:
             {
                 "type": "json_schema",
                 "name": "x",
-                "schema": {"type": "object", "properties": {"n": {"type": "number", "minimum": 0}}},
+                "schema": {"type": "object", "properties": {"n": {"minimum": 0}}},
             },
             "text.format",
             "minimum",

@@ -407,7 +407,7 @@ def _error(r: httpx.Response) -> dict[str, Any]:
                         **WEATHER,
                         "parameters": {
                             "type": "object",
-                            "properties": {"n": {"type": "integer", "multipleOf": 3}},
+                            "properties": {"n": {"type": "number", "multipleOf": 0.5}},
                         },
                     }
                 ]
