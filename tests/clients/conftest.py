@@ -1,0 +1,179 @@
+"""Client-suite fixtures: one real respd server, the recording proxy in front of it, the
+npm clients installed from their lockfile, and the bookkeeping behind the matrix.
+
+Every test is one flow of one client, marked `@pytest.mark.flow(client, name)`. A client
+that cannot be installed or imported fails its flows; nothing here is skipped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from tests.clients import matrix
+from tests.clients.capture import CaptureProxy, RunningProxy
+from tests.servers import RespdServer, start_server
+
+NODE_DIR = Path(__file__).with_name("node")
+FIXTURES = Path(__file__).with_name("fixtures")
+# The packages whose versions the matrix names, per client.
+PACKAGES = {
+    "openai-python": ["openai"],
+    "agents-python": ["openai-agents"],
+    "langchain": ["langchain-openai", "langchain-core"],
+    "pydantic-ai": ["pydantic-ai-slim"],
+    "litellm": ["litellm"],
+    "openai-node": ["openai"],
+    "vercel-ai": ["ai", "@ai-sdk/openai"],
+    "agents-js": ["@openai/agents"],
+}
+NODE_CLIENTS = {"openai-node", "vercel-ai", "agents-js"}
+
+_results: dict[tuple[str, str], str] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "flow(client, name): one flow of one client")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    srv = start_server(
+        tmp_path_factory.mktemp("respd-clients"),
+        "--ctx-size",
+        "4096",
+        "--threads",
+        "2",
+        "--data-dir",
+        str(tmp_path_factory.mktemp("respd-clients-data")),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture(scope="session")
+def proxy(server: RespdServer) -> Iterator[CaptureProxy]:
+    with RunningProxy(server.base_url) as state:
+        yield state
+    if os.environ.get("RESPD_RECORD_CLIENT_FIXTURES") == "1":
+        _save_fixtures(state)
+
+
+@pytest.fixture()
+def flow(request: pytest.FixtureRequest, proxy: CaptureProxy) -> Iterator[tuple[str, str]]:
+    """The running flow's (client, name); the proxy files requests under it."""
+    marker = request.node.get_closest_marker("flow")
+    assert marker is not None, "client tests are marked with @pytest.mark.flow(client, name)"
+    client, name = marker.args
+    proxy.flow = name
+    yield client, name
+    proxy.flow = ""
+
+
+@pytest.fixture()
+def base_url(flow: tuple[str, str], proxy: CaptureProxy) -> str:
+    return proxy.base_url(flow[0])
+
+
+@pytest.fixture(scope="session")
+def node_modules() -> Path:
+    """The npm clients, installed exactly as the lockfile says (again when it changes)."""
+    npm = shutil.which("npm")
+    assert npm, "npm is not installed: the Node.js clients cannot be tested"
+    stamp = NODE_DIR / "node_modules" / ".package-lock.json"
+    lock = NODE_DIR / "package-lock.json"
+    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, check=True, timeout=600
+        )
+    return NODE_DIR / "node_modules"
+
+
+def versions(client: str) -> str:
+    """What the matrix says about the client's installed packages."""
+    parts = []
+    for package in PACKAGES[client]:
+        if client in NODE_CLIENTS:
+            manifest = NODE_DIR / "node_modules" / package / "package.json"
+            version = json.loads(manifest.read_text())["version"] if manifest.exists() else "?"
+        else:
+            try:
+                version = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                version = "?"
+        parts.append(f"{package} {version}")
+    return ", ".join(parts)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    marker = item.get_closest_marker("flow")
+    if marker is not None:
+        key = (marker.args[0], marker.args[1])
+        if report.failed:
+            _results[key] = "fail"
+        elif report.when == "call" and report.passed:
+            _results.setdefault(key, "pass")
+    return report
+
+
+def _current() -> list[matrix.FlowResult]:
+    return [
+        matrix.FlowResult(client, name, versions(client), result)
+        for (client, name), result in _results.items()
+    ]
+
+
+_summary: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Keep the committed matrix (and the README) in step with what ran."""
+    if not _results:
+        return
+    current = _current()
+    _summary.append("client compatibility matrix (this run):\n" + matrix.render(current))
+    if os.environ.get("RESPD_UPDATE_CLIENT_MATRIX") == "1":
+        ran = {(r.client, r.flow) for r in current}
+        kept = [r for r in matrix.load() if (r.client, r.flow) not in ran]
+        matrix.save(kept + current)
+        matrix.write_readme(kept + current)
+        _summary.append("recorded in tests/clients/matrix.json and the README")
+        return
+    committed = {(r.client, r.flow): r for r in matrix.load()}
+    drift = [r for r in current if committed.get((r.client, r.flow)) != r]
+    if drift:
+        _summary.append(
+            "the committed matrix (tests/clients/matrix.json) differs from this run for:\n"
+            + "\n".join(f"  {r}" for r in drift)
+            + "\nrun the client suite with RESPD_UPDATE_CLIENT_MATRIX=1 to record it"
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for text in _summary:
+        terminalreporter.write_line("\n" + text)
+
+
+def _save_fixtures(state: CaptureProxy) -> None:
+    """The JSON request bodies each flow sent, for the unit tests to replay."""
+    by_flow: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for r in state.requests:
+        upload = r.path == "/v1/files"  # multipart: replayed as an upload of its own
+        if r.method != "POST" or not r.flow or (r.body is None and not upload):
+            continue
+        item = {"path": r.path, "body": r.body, "created": r.created, "calls": r.calls}
+        by_flow.setdefault((r.client, r.flow), []).append(item)
+    for (client, name), items in by_flow.items():
+        path = FIXTURES / client / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(items, indent=2, ensure_ascii=False) + "\n")

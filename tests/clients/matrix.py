@@ -1,0 +1,60 @@
+"""The compatibility matrix: which client, at which version, passed which flow.
+
+The client suite records every flow's result; `matrix.json` beside this file is the
+committed record, and the README's table is rendered from it (between two marker lines),
+so the README can only say what the suite last measured. `RESPD_UPDATE_CLIENT_MATRIX=1`
+rewrites both from a full run of the suite."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+MATRIX_JSON = Path(__file__).with_name("matrix.json")
+README = Path(__file__).parents[2] / "README.md"
+BEGIN = "<!-- client-matrix:begin (generated from tests/clients/matrix.json) -->"
+END = "<!-- client-matrix:end -->"
+
+
+@dataclass(frozen=True, order=True)
+class FlowResult:
+    client: str
+    flow: str
+    versions: str  # "package version, ..." as installed for the run
+    result: str  # "pass" or "fail"
+
+
+def load(path: Path = MATRIX_JSON) -> list[FlowResult]:
+    if not path.exists():
+        return []
+    return sorted(FlowResult(**row) for row in json.loads(path.read_text()))
+
+
+def save(results: list[FlowResult], path: Path = MATRIX_JSON) -> None:
+    rows = [asdict(r) for r in sorted(results)]
+    path.write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def render(results: list[FlowResult]) -> str:
+    """A markdown table: one row per client, its versions, and each flow with its result."""
+    by_client: dict[str, list[FlowResult]] = {}
+    for r in sorted(results):
+        by_client.setdefault(r.client, []).append(r)
+    lines = ["| client | versions | flows |", "|---|---|---|"]
+    for client, rows in by_client.items():
+        flows = ", ".join(f"{r.flow} {'✅' if r.result == 'pass' else '❌'}" for r in rows)
+        lines.append(f"| {client} | {rows[0].versions} | {flows} |")
+    return "\n".join(lines)
+
+
+def readme_section(text: str) -> str:
+    """The generated table as it stands in the README text."""
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    return text[start:end].strip()
+
+
+def write_readme(results: list[FlowResult], readme: Path = README) -> None:
+    text = readme.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    readme.write_text(text[:start] + "\n" + render(results) + "\n" + text[end:])
