@@ -134,18 +134,23 @@ def test_pydantic_ai_agent(base_url: str, proxy: CaptureProxy) -> None:
     assert responses_calls(proxy, "pydantic-ai", "tool-agent-typed-output")
 
 
+def litellm_request(base_url: str) -> dict[str, object]:
+    """respd as an OpenAI-compatible provider: LiteLLM's `openai/` prefix and `api_base`."""
+    return {
+        "model": f"openai/{MODEL_ID}",
+        "input": "What is 2+2?",
+        "api_base": base_url,
+        "api_key": "sk-test",
+        "temperature": 0,
+        "max_output_tokens": 150,
+    }
+
+
 @pytest.mark.flow("litellm", "responses")
 def test_litellm_responses(base_url: str, proxy: CaptureProxy) -> None:
     import litellm
 
-    response = litellm.responses(
-        model=f"openai/{MODEL_ID}",
-        input="What is 2+2?",
-        api_base=base_url,
-        api_key="sk-test",
-        temperature=0,
-        max_output_tokens=150,
-    )
+    response = litellm.responses(**litellm_request(base_url))
     text = "".join(
         part.text
         for item in response.output
@@ -160,15 +165,7 @@ def test_litellm_responses(base_url: str, proxy: CaptureProxy) -> None:
 def test_litellm_responses_stream(base_url: str) -> None:
     import litellm
 
-    stream = litellm.responses(
-        model=f"openai/{MODEL_ID}",
-        input="What is 2+2?",
-        api_base=base_url,
-        api_key="sk-test",
-        temperature=0,
-        max_output_tokens=150,
-        stream=True,
-    )
+    stream = litellm.responses(**litellm_request(base_url), stream=True)
     kinds: list[str] = []
     text = ""
     for event in stream:

@@ -107,14 +107,19 @@ async function handoffFlow({ baseURL, model: modelId }) {
   return `handoff: triage_agent -> ${result.lastAgent.name} via transfer_to_weather_agent; final output ${result.finalOutput.length} chars`;
 }
 
-async function session({ baseURL, model: modelId }) {
-  const { rec, model } = setup(baseURL, modelId);
-  const agent = new Agent({
+/** A plain agent without tools, for the flows about runs rather than tools. */
+function assistant(model) {
+  return new Agent({
     name: "Assistant",
     instructions: "You are a helpful assistant. Answer briefly.",
     model,
     modelSettings: SETTINGS,
   });
+}
+
+async function session({ baseURL, model: modelId }) {
+  const { rec, model } = setup(baseURL, modelId);
+  const agent = assistant(model);
   const first = "My name is Ada and I live in a small town by the sea. Say hi to me.";
   const second = "What is my name?";
   const r1 = await run(agent, first);
@@ -141,12 +146,7 @@ async function session({ baseURL, model: modelId }) {
 
 async function streamed({ baseURL, model: modelId }) {
   const { rec, model } = setup(baseURL, modelId);
-  const agent = new Agent({
-    name: "Assistant",
-    instructions: "You are a helpful assistant. Answer briefly.",
-    model,
-    modelSettings: SETTINGS,
-  });
+  const agent = assistant(model);
   const result = await run(agent, "Name three colors.", { stream: true });
   const deltas = [];
   const kinds = new Set();
