@@ -59,7 +59,7 @@ def _sse(
 
 
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
-    machine = ResponseEventMachine(prepared.echo)
+    machine = prepared.machine()
     async for _ in service.respond(prepared, machine):
         pass
     return machine

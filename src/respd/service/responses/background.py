@@ -141,7 +141,7 @@ class BackgroundJobs:
 
     async def start(self, prepared: PreparedResponse) -> Job:
         """Store the response as `queued` and start it; returns before any generation."""
-        machine = ResponseEventMachine(prepared.echo, status="queued")
+        machine = prepared.machine(status="queued")
         job = Job(prepared, machine)
         events = self.service.run(prepared, machine)  # a full engine is a 503 now
         try:

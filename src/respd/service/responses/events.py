@@ -8,6 +8,7 @@ pydantic types, so a field we misspell fails here, not in a client.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,6 +19,9 @@ from openai.types.responses import (
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
+    ResponseCustomToolCall,
+    ResponseCustomToolCallInputDeltaEvent,
+    ResponseCustomToolCallInputDoneEvent,
     ResponseFailedEvent,
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
@@ -35,6 +39,7 @@ from openai.types.responses import (
     ResponseTextDeltaEvent,
     ResponseTextDoneEvent,
 )
+from openai.types.responses.response_output_item import LocalShellCall
 from pydantic import BaseModel
 
 from respd.engines.base import TokenLogprob
@@ -49,6 +54,7 @@ from respd.service.generation.output import (
     Usage,
 )
 from respd.service.ids import new_id
+from respd.service.tools.definitions import ToolRoute
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 
@@ -125,23 +131,53 @@ _TEXT_EVENTS: dict[TextKind, tuple[str, type[BaseModel], type[BaseModel], type[B
 _ID_PREFIX: dict[TextKind, str] = {"message": "msg", "reasoning": "rs"}
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+_CALL_PREFIX = {"function": "fc", "custom": "ctc", "local_shell": "lsh"}
+
+
 @dataclass
 class _OpenCall:
     id: str
     call_id: str
-    name: str
+    route: ToolRoute
     output_index: int
-    arguments: str = ""
+    arguments: str = ""  # the JSON the model wrote, as it arrives
+
+    def input_text(self) -> str:
+        """A custom tool call's text: its `input` argument."""
+        value = _json_object(self.arguments).get("input")
+        return value if isinstance(value, str) else ""
 
     def item(self, status: str) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function_call",
-            "status": status,
-            "arguments": self.arguments,
-            "call_id": self.call_id,
-            "name": self.name,
-        }
+        route = self.route
+        head = {"id": self.id, "type": f"{route.kind}_call", "status": status}
+        if route.kind == "local_shell":
+            args = _json_object(self.arguments)
+            command = args.get("command")
+            action: dict[str, Any] = {
+                "type": "exec",
+                "command": [str(c) for c in command] if isinstance(command, list) else [],
+                "env": {},
+            }
+            for key in ("working_directory", "timeout_ms"):
+                if args.get(key) is not None:
+                    action[key] = args[key]
+            return {**head, "call_id": self.call_id, "action": action}
+        if route.kind == "custom":
+            head = {**head, "type": "custom_tool_call", "input": self.input_text()}
+        else:
+            head["arguments"] = self.arguments
+        head.update(call_id=self.call_id, name=route.name)
+        if route.namespace:
+            head["namespace"] = route.namespace
+        return head
 
 
 @dataclass
@@ -153,6 +189,9 @@ class ResponseEventMachine:
     """
 
     echo: dict[str, Any]
+    # How a call maps back to an item, by the name the model was shown; a name not here
+    # is a plain function call.
+    routes: dict[str, ToolRoute] = field(default_factory=dict)
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: Status = "in_progress"
@@ -343,7 +382,8 @@ class ResponseEventMachine:
     def function_call_start(self, name: str) -> list[ResponseStreamEvent]:
         """A call begins: any text before it is closed as its own message item."""
         events = self._close_open("completed")
-        call = _OpenCall(new_id("fc"), new_id("call"), name, len(self.output))
+        route = self.routes.get(name) or ToolRoute("function", name)
+        call = _OpenCall(new_id(_CALL_PREFIX[route.kind]), new_id("call"), route, len(self.output))
         self._call = call
         item = call.item("in_progress")
         self.output.append(item)
@@ -358,10 +398,14 @@ class ResponseEventMachine:
         return events
 
     def function_call_arguments(self, delta: str) -> list[ResponseStreamEvent]:
+        """Argument text as it arrives; only a function call streams it (a custom tool's
+        input is known once its JSON closes, a shell action is sent whole)."""
         call = self._call
         if call is None or not delta:
             return []
         call.arguments += delta
+        if call.route.kind != "function":
+            return []
         return [
             self._event(
                 ResponseFunctionCallArgumentsDeltaEvent,
@@ -382,22 +426,51 @@ class ResponseEventMachine:
         self._call = None
         item = call.item("completed" if complete else "incomplete")
         self.output[call.output_index] = item
-        events += [
-            self._event(
-                ResponseFunctionCallArgumentsDoneEvent,
-                type="response.function_call_arguments.done",
-                item_id=call.id,
-                output_index=call.output_index,
-                arguments=call.arguments,
-                name=call.name,  # required by older SDKs (3.3.x), harmless for newer
-            ),
+        done: BaseModel
+        if call.route.kind == "function":
+            events.append(
+                self._event(
+                    ResponseFunctionCallArgumentsDoneEvent,
+                    type="response.function_call_arguments.done",
+                    item_id=call.id,
+                    output_index=call.output_index,
+                    arguments=call.arguments,
+                    name=call.route.name,  # required by older SDKs (3.3.x), harmless for newer
+                )
+            )
+            done = ResponseFunctionToolCall.model_validate(item)
+        elif call.route.kind == "custom":
+            text = call.input_text()
+            if text:
+                events.append(
+                    self._event(
+                        ResponseCustomToolCallInputDeltaEvent,
+                        type="response.custom_tool_call_input.delta",
+                        item_id=call.id,
+                        output_index=call.output_index,
+                        delta=text,
+                    )
+                )
+            events.append(
+                self._event(
+                    ResponseCustomToolCallInputDoneEvent,
+                    type="response.custom_tool_call_input.done",
+                    item_id=call.id,
+                    output_index=call.output_index,
+                    input=text,
+                )
+            )
+            done = ResponseCustomToolCall.model_validate(item)
+        else:
+            done = LocalShellCall.model_validate(item)
+        events.append(
             self._event(
                 ResponseOutputItemDoneEvent,
                 type="response.output_item.done",
                 output_index=call.output_index,
-                item=ResponseFunctionToolCall.model_validate(item),
-            ),
-        ]
+                item=done,
+            )
+        )
         return events
 
     def apply(self, event: OutputEvent) -> list[ResponseStreamEvent]:

@@ -20,6 +20,10 @@ _ID_PREFIX = {
     "function_call": "fc",
     "function_call_output": "fc",
     "reasoning": "rs",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctc",
+    "local_shell_call": "lsh",
+    "local_shell_call_output": "lsh",
 }
 
 

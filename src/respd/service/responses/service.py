@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
@@ -31,7 +31,7 @@ from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import check_item_shapes, input_to_messages
-from respd.service.tools.definitions import responses_tool_choice, responses_tools
+from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
 from respd.store.base import JSON, ResponseRecord, Store
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,11 @@ class PreparedResponse:
     owner: str
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
+    routes: dict[str, ToolRoute] = field(default_factory=dict)
+
+    def machine(self, **fields: Any) -> ResponseEventMachine:
+        """The event machine for this response: its echo and how its calls map back."""
+        return ResponseEventMachine(self.echo, routes=self.routes, **fields)
 
     @property
     def prompt_tokens(self) -> int:
@@ -196,7 +201,13 @@ class ResponsesService:
             frequency_penalty=req.frequency_penalty,
         )
         sampling.logprobs = responses_logprobs(req)
-        tools = responses_tools(req.tools, engine.check_schema)
+        offered = responses_tools(req.tools, engine.check_schema)
+        if offered.omitted:
+            log.warning(
+                "hosted tools left out of the prompt (not run by this server): %s",
+                ", ".join(offered.omitted),
+            )
+        tools = offered.tools
         policy = responses_tool_choice(req.tool_choice, tools)
         if req.max_tool_calls is not None and req.max_tool_calls < 1:
             raise InvalidRequest(
@@ -238,7 +249,9 @@ class ResponsesService:
         )
         generation = await core.prepare(engine, spec)
         echo = build_echo(req, sampling, engine, history.conversation_id)
-        return PreparedResponse(req, generation, echo, owner, normalize_items(req.input), history)
+        return PreparedResponse(
+            req, generation, echo, owner, normalize_items(req.input), history, offered.routes
+        )
 
     @staticmethod
     def _lowering(engine: Engine, media: dict[str, Any]) -> Lowering:
@@ -283,7 +296,7 @@ class ResponsesService:
         that saw `response.completed` can retrieve or chain it at once. A client that
         disconnects closes this iterator: the generation stops and nothing is stored.
         Admission happens now, so a full engine is a 503 before any event."""
-        machine = machine or ResponseEventMachine(prepared.echo)
+        machine = machine or prepared.machine()
         return self._persisting(prepared, machine, self.run(prepared, machine))
 
     async def _persisting(
@@ -315,7 +328,7 @@ class ResponsesService:
         """Admit the generation now (a full engine is a 503 here, before any event) and
         return the events; closing the iterator cancels the generation."""
         generation = core.run(prepared.generation, self.runs)
-        return self._events(machine or ResponseEventMachine(prepared.echo), generation)
+        return self._events(machine or prepared.machine(), generation)
 
     async def _events(
         self, machine: ResponseEventMachine, generation: core.Run

@@ -6,11 +6,13 @@ do. Content parts lower through `media/lowering.py`, as Chat Completions' do.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from respd.engines.base import ChatMessage, ToolCall
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
+from respd.service.tools.definitions import LOCAL_SHELL, namespaced
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 # Item types that a later piece of work implements; until then they are a named 400.
@@ -18,6 +20,24 @@ _NOT_YET_ITEMS = {
     "item_reference": "stored items",
     "compaction": "compaction",
 }
+# The record of a hosted tool's work in an earlier turn (OpenAI ran it; a client replays
+# it). This server runs none of them, so the model is not shown what it cannot use.
+_HOSTED_CALL_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "computer_call",
+        "computer_call_output",
+        "mcp_list_tools",
+        "mcp_call",
+        "mcp_approval_request",
+        "mcp_approval_response",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
 
 
 def _role(value: Any, param: str) -> str:
@@ -87,8 +107,16 @@ def input_to_messages(
             messages += lower_message(role, item["content"], f"{param}.content", low)
         elif kind == "function_call":
             _function_call(item, param, messages)
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            _custom_tool_call(item, param, messages)
+        elif kind == "local_shell_call":
+            _local_shell_call(item, param, messages)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             _function_call_output(item, param, messages, low=low, prior=prior or [])
+        elif kind == "local_shell_call_output":
+            _local_shell_output(item, param, messages, prior=prior or [])
+        elif kind in _HOSTED_CALL_ITEMS:
+            continue
         elif kind == "reasoning":
             messages.append(ChatMessage(_REASONING, "", reasoning=_reasoning_text(item, param)))
         elif kind in _NOT_YET_ITEMS:
@@ -113,14 +141,66 @@ def _required_str(item: dict[str, Any], key: str, param: str) -> str:
     return value
 
 
+def _namespace(item: dict[str, Any], param: str) -> str | None:
+    value = item.get("namespace")
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(
+            f"Invalid type for '{param}.namespace': expected a string.",
+            param=f"{param}.namespace",
+            code="invalid_type",
+        )
+    return value
+
+
 def _function_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
-    """An earlier call by the assistant; consecutive calls share one assistant turn."""
+    """An earlier call by the assistant, under the name the model is shown for it."""
     arguments = item.get("arguments")
-    call = ToolCall(
-        _required_str(item, "call_id", param),
-        _required_str(item, "name", param),
-        arguments if isinstance(arguments, str) else "{}",
-    )
+    name = namespaced(_namespace(item, param), _required_str(item, "name", param))
+    call_id = _required_str(item, "call_id", param)
+    _add_call(ToolCall(call_id, name, arguments if isinstance(arguments, str) else "{}"), messages)
+
+
+def _custom_tool_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    """A custom tool's call, as the one-argument function call the model writes for it."""
+    text = item.get("input")
+    if not isinstance(text, str):
+        raise MissingParameter(f"{param}.input")
+    name = namespaced(_namespace(item, param), _required_str(item, "name", param))
+    call_id = _required_str(item, "call_id", param)
+    _add_call(ToolCall(call_id, name, json.dumps({"input": text})), messages)
+
+
+def _local_shell_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    action = item.get("action")
+    if not isinstance(action, dict):
+        raise MissingParameter(f"{param}.action")
+    args = {k: v for k, v in action.items() if k in ("command", "working_directory", "timeout_ms")}
+    call_id = _required_str(item, "call_id", param)
+    _add_call(ToolCall(call_id, LOCAL_SHELL, json.dumps(args)), messages)
+
+
+def _local_shell_output(
+    item: dict[str, Any], param: str, messages: list[ChatMessage], *, prior: list[ChatMessage]
+) -> None:
+    """A shell command's output. It names its call by `call_id` or by `id`; failing both,
+    it answers the latest shell call."""
+    calls = [c for m in (*prior, *messages) for c in m.tool_calls if c.name == LOCAL_SHELL]
+    wanted = {item.get("call_id"), item.get("id")}
+    match = next((c for c in reversed(calls) if c.id in wanted), calls[-1] if calls else None)
+    if match is None:
+        raise InvalidRequest(
+            "No local shell call found for this local_shell_call_output.",
+            param=f"{param}.call_id",
+            code="invalid_value",
+        )
+    output = item.get("output")
+    if not isinstance(output, str):
+        raise MissingParameter(f"{param}.output")
+    messages.append(ChatMessage("tool", output, tool_call_id=match.id, name=LOCAL_SHELL))
+
+
+def _add_call(call: ToolCall, messages: list[ChatMessage]) -> None:
+    """Consecutive calls share one assistant turn."""
     last = messages[-1] if messages else None
     if last is not None and last.role == "assistant" and (last.tool_calls or not last.content):
         last.tool_calls.append(call)

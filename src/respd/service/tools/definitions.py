@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from respd.engines.base import ToolDefinition
 from respd.engines.constraints import SchemaRejected
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
+from respd.service.tools.freeform import input_pattern
 
 SchemaCheck = Callable[[dict[str, Any]], None]
 
@@ -89,21 +90,151 @@ def _check_unique(tools: list[ToolDefinition], param: str) -> list[ToolDefinitio
     return tools
 
 
-def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> list[ToolDefinition]:
-    out = []
+CallKind = Literal["function", "custom", "local_shell"]
+
+
+@dataclass(frozen=True)
+class ToolRoute:
+    """How a call of a tool the model was shown maps back to an output item: a function
+    call (of a namespace, when it is in one), a custom tool call (the `input` argument is
+    its text) or a local shell call (the arguments are its action)."""
+
+    kind: CallKind
+    name: str
+    namespace: str | None = None
+
+
+@dataclass
+class ResponseTools:
+    """The Responses `tools`: what the model is shown, how its calls map back (by the name
+    it was shown), and the hosted tools left out because this server does not run them."""
+
+    tools: list[ToolDefinition]
+    routes: dict[str, ToolRoute]
+    omitted: list[str]
+
+
+# Tools OpenAI runs on its side. A client (Codex sends `web_search` on every turn) may
+# offer them; they are left out of the prompt, not refused, so the client's turn goes on.
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "web_search_2025_08_26",
+        "file_search",
+        "image_generation",
+        "code_interpreter",
+        "mcp",
+        "computer_use_preview",
+        "computer",
+        "tool_search",
+        "shell",
+        "apply_patch",
+    }
+)
+LOCAL_SHELL = "local_shell"
+_LOCAL_SHELL_TOOL = ToolDefinition(
+    LOCAL_SHELL,
+    "Run a command on the user's machine and get its output.",
+    {
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": 'The program and its arguments, e.g. ["ls", "-la"].',
+            },
+            "working_directory": {"type": "string"},
+            "timeout_ms": {"type": "integer"},
+        },
+        "required": ["command"],
+    },
+)
+
+
+def namespaced(namespace: str | None, name: str) -> str:
+    """The name a namespace's tool is shown to the model under."""
+    return f"{namespace}__{name}" if namespace else name
+
+
+def _custom_tool(fields: dict[str, Any], param: str, rendered: str) -> ToolDefinition:
+    """A custom tool, shown as a function of one string, `input`, held to its format."""
+    name = fields.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise _bad(
+            f"Invalid '{param}.name': a tool name must be 1-64 characters of a-z, A-Z, "
+            f"0-9, '_' or '-', got {name!r}.",
+            f"{param}.name",
+        )
+    text: dict[str, Any] = {"type": "string", "description": "The tool's raw input text."}
+    pattern = input_pattern(fields.get("format"), f"{param}.format")
+    if pattern is not None:
+        text["pattern"] = pattern
+    description = fields.get("description")
+    return ToolDefinition(
+        rendered,
+        description if isinstance(description, str) else None,
+        {"type": "object", "properties": {"input": text}, "required": ["input"]},
+        True,
+    )
+
+
+def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> ResponseTools:
+    out: list[ToolDefinition] = []
+    routes: dict[str, ToolRoute] = {}
+    omitted: list[str] = []
+
+    def add(entry: dict[str, Any], param: str, namespace: str | None = None) -> None:
+        kind = entry.get("type")
+        if kind == "function":
+            fn = _function_tool(entry, param, check)
+            rendered = namespaced(namespace, fn.name)
+            out.append(replace(fn, name=rendered))
+            routes[rendered] = ToolRoute("function", fn.name, namespace)
+        elif kind == "custom":
+            rendered = namespaced(namespace, str(entry.get("name")))
+            tool = _custom_tool(entry, param, rendered)
+            try:
+                check(tool.parameters or {})
+            except SchemaRejected as exc:
+                raise _bad(
+                    f"Invalid '{param}.format': the grammar cannot be enforced: {exc}.",
+                    f"{param}.format",
+                ) from exc
+            out.append(tool)
+            routes[rendered] = ToolRoute("custom", str(entry["name"]), namespace)
+        elif kind == LOCAL_SHELL and namespace is None:
+            out.append(_LOCAL_SHELL_TOOL)
+            routes[LOCAL_SHELL] = ToolRoute("local_shell", LOCAL_SHELL)
+        elif kind == "namespace" and namespace is None:
+            name, inner = entry.get("name"), entry.get("tools")
+            if not isinstance(name, str) or not NAME_RE.match(name):
+                raise _bad(f"Invalid '{param}.name': expected a namespace name.", f"{param}.name")
+            if not isinstance(inner, list):
+                raise MissingParameter(f"{param}.tools")
+            for j, sub in enumerate(inner):
+                if not isinstance(sub, dict):
+                    raise _bad(
+                        f"Invalid type for '{param}.tools[{j}]': expected an object.",
+                        f"{param}.tools[{j}]",
+                        "invalid_type",
+                    )
+                add(sub, f"{param}.tools[{j}]", name)
+        elif kind in HOSTED_TOOLS and namespace is None:
+            omitted.append(str(kind))
+        else:
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server.",
+                param=f"{param}.type",
+            )
+
     for i, tool in enumerate(tools or []):
         param = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise _bad(f"Invalid type for '{param}': expected an object.", param, "invalid_type")
-        kind = tool.get("type")
-        if kind != "function":
-            raise Unsupported(
-                f"Tools of type '{kind}' are not supported by this server; only 'function' "
-                "tools are.",
-                param=f"{param}.type",
-            )
-        out.append(_function_tool(tool, param, check))
-    return _check_unique(out, "tools")
+        add(tool, param)
+    return ResponseTools(_check_unique(out, "tools"), routes, omitted)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> list[ToolDefinition]:
@@ -170,7 +301,36 @@ def _allowed(
     return ToolPolicy(mode=mode, allowed=tuple(names))
 
 
+def _as_function_choice(entry: Any, param: str) -> Any:
+    """A Responses choice of a custom tool, a namespace's function or the local shell, as
+    the function choice of the name the model was shown; hosted tools cannot be forced."""
+    if not isinstance(entry, dict):
+        return entry
+    kind = entry.get("type")
+    if kind in ("function", "custom") and isinstance(entry.get("name"), str):
+        return {"type": "function", "name": namespaced(entry.get("namespace"), entry["name"])}
+    if kind == LOCAL_SHELL:
+        return {"type": "function", "name": LOCAL_SHELL}
+    if kind in HOSTED_TOOLS or (isinstance(kind, str) and kind.startswith("web_search")):
+        raise Unsupported(
+            f"A '{kind}' tool cannot be chosen: this server does not run hosted tools.",
+            param=f"{param}.type",
+        )
+    return entry
+
+
 def responses_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        entries = choice.get("tools")
+        if isinstance(entries, list):
+            choice = {
+                **choice,
+                "tools": [
+                    _as_function_choice(e, f"tool_choice.tools[{j}]") for j, e in enumerate(entries)
+                ],
+            }
+    else:
+        choice = _as_function_choice(choice, "tool_choice")
     return _tool_choice(choice, tools, chat=False)
 
 

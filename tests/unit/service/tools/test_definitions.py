@@ -57,7 +57,7 @@ def test_object_or_absent_parameters_are_accepted(parameters: Any) -> None:
     fields: dict[str, Any] = {"name": "f"}
     if parameters is not None:
         fields["parameters"] = parameters
-    (tool,) = responses_tools([{"type": "function", **fields}], _check)
+    (tool,) = responses_tools([{"type": "function", **fields}], _check).tools
     assert tool.parameters == parameters
     (tool,) = chat_tools([{"type": "function", "function": fields}], _check)
     assert tool.parameters == parameters
