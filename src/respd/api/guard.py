@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from respd.api.encoding import decode_body, encodings
 from respd.api.errors import send_error
 from respd.protocol.errors import APIError
 
@@ -89,6 +90,18 @@ class RequestGuard:
         upload = scope["path"] in self.settings.upload_paths
         limit = self.settings.max_upload_bytes if upload else self.settings.max_request_bytes
         problem = self._check(scope, headers, host, upload, limit)
+        coded = headers.get(b"content-encoding")
+        if problem is None and coded is not None:
+            try:
+                names = encodings(coded.decode("latin-1"))
+            except APIError as exc:
+                problem = exc
+            else:
+                if names:
+                    try:
+                        receive, scope = await _decoded(scope, receive, names, limit, upload)
+                    except APIError as exc:
+                        problem = exc
         if problem is not None:
             await send_error(scope, send, problem)
             return
@@ -128,6 +141,36 @@ class RequestGuard:
         if self.any_origin or origin.rstrip("/").lower() in self.origins:
             return True
         return urlsplit(origin).netloc.lower() == host  # same origin: a page served here
+
+
+async def _decoded(
+    scope: Scope, receive: Receive, names: list[str], limit: int, upload: bool
+) -> tuple[Receive, Scope]:
+    """Read the whole encoded body (bounded), decode it, and hand the route a plain body
+    under headers that no longer announce an encoding."""
+    raw = bytearray()
+    more = True
+    bounded = _bounded(receive, limit, upload)
+    while more:
+        message = await bounded()
+        if message["type"] != "http.request":
+            break
+        raw += message.get("body", b"")
+        more = message.get("more_body", False)
+    body = decode_body(bytes(raw), names, limit, TooLarge(limit, upload=upload))
+    drop = {b"content-encoding", b"content-length"}
+    headers = [(k, v) for k, v in scope.get("headers") or [] if k.lower() not in drop]
+    headers.append((b"content-length", str(len(body)).encode()))
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay, {**scope, "headers": headers}
 
 
 def _bounded(receive: Receive, limit: int, upload: bool) -> Receive:

@@ -6,10 +6,15 @@ generated or stored."""
 from __future__ import annotations
 
 import asyncio
+import gzip
+import json
+import zlib
 from collections.abc import AsyncIterator, Callable
 
+import brotli
 import httpx
 import pytest
+import zstandard
 from fastapi import FastAPI
 
 from respd.api.app import create_app
@@ -330,3 +335,83 @@ async def test_tokens_per_minute_are_charged_to_the_key(
         assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
         assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
         assert (await http.post("/v1/chat/completions", json=chat, headers=b)).status_code == 200
+
+
+# -- compressed bodies: each coding decodes to the same request, the limit bounds the
+# decoded size (a bomb is a 413), an unknown or broken coding is a clear 4xx.
+
+RAW = json.dumps(BODY | {"input": "hi there"}).encode()
+ENCODERS = {
+    "gzip": gzip.compress,
+    "deflate": zlib.compress,
+    "br": brotli.compress,
+    "zstd": lambda b: zstandard.ZstdCompressor().compress(b),
+}
+
+
+@pytest.mark.parametrize("coding", sorted(ENCODERS))
+async def test_each_coding_decodes_to_the_same_request(
+    guarded: httpx.AsyncClient, engine: FakeEngine, coding: str
+) -> None:
+    r = await guarded.post(
+        "/v1/responses",
+        content=ENCODERS[coding](RAW),
+        headers={"content-type": "application/json", "content-encoding": coding},
+    )
+    assert r.status_code == 200, r.text
+    assert engine.calls[-1].prompt.request.messages[-1].content == "hi there"
+
+
+async def test_raw_deflate_and_stacked_codings_decode(
+    guarded: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    raw_deflate = zlib.compressobj(wbits=-15)
+    body = raw_deflate.compress(RAW) + raw_deflate.flush()
+    headers = {"content-type": "application/json", "content-encoding": "deflate"}
+    assert (await guarded.post("/v1/responses", content=body, headers=headers)).status_code == 200
+    stacked = brotli.compress(gzip.compress(RAW))
+    headers["content-encoding"] = "gzip, br"
+    r = await guarded.post("/v1/responses", content=stacked, headers=headers)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("coding", sorted(ENCODERS))
+async def test_a_bomb_is_413_by_its_decoded_size(
+    guarded: httpx.AsyncClient, engine: FakeEngine, coding: str
+) -> None:
+    """The fixture's limit is 4096 bytes; 64 MiB of zeros compress to a few KiB or less."""
+    bomb = ENCODERS[coding](b'{"model": "fake-model", "input": "' + b"0" * (64 << 20))
+    assert len(bomb) < 4096 * 20
+    r = await guarded.post(
+        "/v1/responses",
+        content=bomb[:4096] if len(bomb) > 4096 else bomb,
+        headers={"content-type": "application/json", "content-encoding": coding},
+    )
+    error_of(r, 413, "request_too_large")
+    assert engine.calls == []
+
+
+async def test_unknown_and_broken_codings_are_refused(
+    guarded: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    headers = {"content-type": "application/json", "content-encoding": "compress"}
+    error_of(
+        await guarded.post("/v1/responses", content=RAW, headers=headers),
+        415,
+        "unsupported_content_encoding",
+    )
+    headers["content-encoding"] = "gzip"
+    error_of(
+        await guarded.post("/v1/responses", content=b"not gzip", headers=headers),
+        400,
+        "invalid_content_encoding",
+    )
+    headers["content-encoding"] = "zstd"
+    error_of(
+        await guarded.post("/v1/responses", content=ENCODERS["zstd"](RAW)[:-6], headers=headers),
+        400,
+        "invalid_content_encoding",
+    )
+    headers["content-encoding"] = "identity"
+    assert (await guarded.post("/v1/responses", content=RAW, headers=headers)).status_code == 200
+    assert len(engine.calls) == 1
