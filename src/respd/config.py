@@ -379,6 +379,12 @@ class Settings(BaseSettings):
         description="When set, GET /metrics requires this key (Authorization: Bearer KEY or "
         "X-Api-Key); else /metrics is public.",
     )
+    state_key: str | None = Field(
+        None,
+        description="Secret that seals the state respd hands to clients (encrypted reasoning, "
+        "compaction items); give every replica the same one. Default: a key kept in "
+        "--data-dir (state.key), made on first start.",
+    )
 
     @field_validator("upstream", mode="before")
     @classmethod

@@ -28,6 +28,7 @@ from respd.service.generation.core import ActiveRuns
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaSettings
 from respd.service.models import ModelRegistry
+from respd.service.sealing import Sealer
 from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
 
@@ -255,6 +256,11 @@ def serve(settings: Settings) -> int:
         ),
         quotas=QuotaSettings(
             settings.rate_limit_rpm, settings.rate_limit_tpm, settings.max_streams_per_key
+        ),
+        sealer=(
+            Sealer.from_secret(settings.state_key)
+            if settings.state_key
+            else Sealer.from_data_dir(settings.data_dir.expanduser())
         ),
     )
     config = uvicorn.Config(

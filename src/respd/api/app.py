@@ -37,6 +37,7 @@ from respd.service.models import ModelRegistry
 from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.service import ResponsesService
 from respd.service.responses.stored import StoredResponses
+from respd.service.sealing import Sealer
 from respd.store import MemoryStore, Store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
 from respd.store.retention import purge_periodically
@@ -57,6 +58,7 @@ def create_app(
     guard: GuardSettings | None = None,
     input_limits: InputLimits | None = None,
     quotas: QuotaSettings | None = None,
+    sealer: Sealer | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -65,7 +67,13 @@ def create_app(
     store = store if store is not None else MemoryStore()
     runs = ActiveRuns()
     service = ResponsesService(
-        models, store, media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
+        models,
+        store,
+        media,
+        default_max_tokens=default_max_tokens,
+        runs=runs,
+        limits=input_limits,
+        sealer=sealer,
     )
     jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
 
@@ -90,7 +98,9 @@ def create_app(
     app.state.responses = service
     app.state.background = jobs
     app.state.stored = StoredResponses(store, jobs)
-    app.state.conversations = ConversationsService(store, service.media, input_limits)
+    app.state.conversations = ConversationsService(
+        store, service.media, input_limits, service.sealer
+    )
     app.state.files = FilesService(store, max_file_bytes)
     app.state.chat = ChatService(
         models, service.media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits

@@ -20,6 +20,7 @@ from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.background import BackgroundJobs
+from respd.service.responses.compaction import Compactor, CompactRequest
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.service import PreparedResponse, ResponsesService
 from respd.service.responses.stored import StoredResponses
@@ -103,6 +104,13 @@ async def _create_stream(
                 yield wire(event)
 
     return _sse(request, events(), release)
+
+
+@router.post("/v1/responses/compact")
+@router.post("/responses/compact", include_in_schema=False)
+async def compact_response(request: Request) -> dict[str, Any]:
+    body = await parse_body(request, CompactRequest)
+    return await Compactor(_service(request)).compact(body, owner_of(request))
 
 
 @router.post("/v1/responses/input_tokens")

@@ -15,6 +15,7 @@ from respd.service.pages import page
 from respd.service.responses.history import conversation_not_found
 from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import check_item_shapes, input_to_messages
+from respd.service.sealing import Sealer
 from respd.store.base import JSON, ConversationRecord, Store
 
 MAX_ITEMS_PER_CALL = 20
@@ -26,8 +27,10 @@ class ConversationsService:
         store: Store,
         media: MediaResolver | None = None,
         limits: InputLimits | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.store = store
+        self.sealer = sealer
         self.media = media or MediaResolver(store)
         self.limits = limits or InputLimits()
 
@@ -55,7 +58,10 @@ class ConversationsService:
         # conversation is not tied to one; a text-only model refuses its images when used).
         media = await self.media.resolve_items(items, owner, prefix="items")
         input_to_messages(
-            items, lowering=Lowering("conversation", True, media=media), prefix="items"
+            items,
+            lowering=Lowering("conversation", True, media=media),
+            prefix="items",
+            sealer=self.sealer,
         )
         return normalize_items(items)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -192,6 +193,9 @@ class ResponseEventMachine:
     # How a call maps back to an item, by the name the model was shown; a name not here
     # is a plain function call.
     routes: dict[str, ToolRoute] = field(default_factory=dict)
+    # Seals a reasoning item's text into its `encrypted_content` (when the request asked
+    # to include it), so a `store: false` client can hand the reasoning back.
+    seal_reasoning: Callable[[str], str] | None = None
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: Status = "in_progress"
@@ -324,6 +328,8 @@ class ResponseEventMachine:
         assert t is not None
         self._text = None
         item = t.item(item_status)
+        if t.kind == "reasoning" and self.seal_reasoning is not None:
+            item["encrypted_content"] = self.seal_reasoning(t.text)
         self.output[t.output_index] = item
         prefix, _, done_cls, item_cls = _TEXT_EVENTS[t.kind]
         extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}

@@ -31,10 +31,12 @@ from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import check_item_shapes, input_to_messages
+from respd.service.sealing import Sealer
 from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
 from respd.store.base import JSON, ResponseRecord, Store
 
 log = logging.getLogger(__name__)
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -50,10 +52,14 @@ class PreparedResponse:
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
     routes: dict[str, ToolRoute] = field(default_factory=dict)
+    sealer: Sealer | None = None  # set when reasoning is to carry `encrypted_content`
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
-        """The event machine for this response: its echo and how its calls map back."""
-        return ResponseEventMachine(self.echo, routes=self.routes, **fields)
+        """The event machine for this response: its echo, how its calls map back, and
+        whether its reasoning is sealed for the client."""
+        sealer = self.sealer
+        seal = (lambda text: sealer.seal("reasoning", {"text": text})) if sealer else None
+        return ResponseEventMachine(self.echo, routes=self.routes, seal_reasoning=seal, **fields)
 
     @property
     def prompt_tokens(self) -> int:
@@ -173,8 +179,10 @@ class ResponsesService:
         default_max_tokens: int | None = None,
         runs: core.ActiveRuns | None = None,
         limits: InputLimits | None = None,
+        sealer: Sealer | None = None,
     ) -> None:
         self.models = models
+        self.sealer = sealer or Sealer.random()
         self.store = store
         self.media = MediaResolver(store, media)
         self.default_max_tokens = default_max_tokens
@@ -229,9 +237,14 @@ class ResponsesService:
         # resolved again from its stored wire shape, so a replay lowers exactly as before.
         past_media = await self.media.resolve_items(history.items, owner)
         input_media = await self.media.resolve_items(req.input, owner)
-        past = input_to_messages(history.items, lowering=self._lowering(engine, past_media))
+        past = input_to_messages(
+            history.items, lowering=self._lowering(engine, past_media), sealer=self.sealer
+        )
         messages = past + input_to_messages(
-            req.input, prior=past, lowering=self._lowering(engine, input_media)
+            req.input,
+            prior=past,
+            lowering=self._lowering(engine, input_media),
+            sealer=self.sealer,
         )
         if req.instructions:
             messages.insert(0, ChatMessage("system", req.instructions))
@@ -250,7 +263,14 @@ class ResponsesService:
         generation = await core.prepare(engine, spec)
         echo = build_echo(req, sampling, engine, history.conversation_id)
         return PreparedResponse(
-            req, generation, echo, owner, normalize_items(req.input), history, offered.routes
+            req,
+            generation,
+            echo,
+            owner,
+            normalize_items(req.input),
+            history,
+            offered.routes,
+            self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
         )
 
     @staticmethod

@@ -12,14 +12,15 @@ from typing import Any
 from respd.engines.base import ChatMessage, ToolCall
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
+from respd.service.sealing import Sealer, Unsealable
 from respd.service.tools.definitions import LOCAL_SHELL, namespaced
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 # Item types that a later piece of work implements; until then they are a named 400.
 _NOT_YET_ITEMS = {
     "item_reference": "stored items",
-    "compaction": "compaction",
 }
+SUMMARY_HEADER = "A summary of the conversation so far:"
 # The record of a hosted tool's work in an earlier turn (OpenAI ran it; a client replays
 # it). This server runs none of them, so the model is not shown what it cannot use.
 _HOSTED_CALL_ITEMS = frozenset(
@@ -83,11 +84,13 @@ def input_to_messages(
     lowering: Lowering,
     prior: list[ChatMessage] | None = None,
     prefix: str = "input",
+    sealer: Sealer | None = None,
 ) -> list[ChatMessage]:
     """Translate the Responses `input` field. `prior` is the history it continues (from
     `previous_response_id` or a conversation): a `function_call_output` may answer a call
     made there. `lowering` carries the media the resolution pass found (`media/resolver.py`)
-    and the model's image capability."""
+    and the model's image capability; `sealer` opens the sealed state (compaction items,
+    encrypted reasoning) this server handed out."""
     low = lowering
     check_item_shapes(items, prefix)
     if items is None:
@@ -118,7 +121,11 @@ def input_to_messages(
         elif kind in _HOSTED_CALL_ITEMS:
             continue
         elif kind == "reasoning":
-            messages.append(ChatMessage(_REASONING, "", reasoning=_reasoning_text(item, param)))
+            text = _reasoning_text(item, param, sealer)
+            messages.append(ChatMessage(_REASONING, "", reasoning=text))
+        elif kind == "compaction":
+            summary = _unseal(item, param, "compaction", sealer).get("summary")
+            messages.append(ChatMessage("user", f"{SUMMARY_HEADER}\n{summary}"))
         elif kind in _NOT_YET_ITEMS:
             raise Unsupported(
                 f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
@@ -234,8 +241,30 @@ def _function_call_output(
 _REASONING = "reasoning"  # a placeholder turn, folded by `_attach_reasoning`
 
 
-def _reasoning_text(item: dict[str, Any], param: str) -> str:
-    """The text of a `reasoning` item: its `reasoning_text` content, else its summary."""
+def _unseal(item: dict[str, Any], param: str, kind: str, sealer: Sealer | None) -> dict[str, Any]:
+    token = item.get("encrypted_content")
+    if not isinstance(token, str) or not token:
+        raise MissingParameter(f"{param}.encrypted_content")
+    try:
+        if sealer is None:
+            raise Unsealable("this server has no key")
+        return sealer.open(kind, token)
+    except Unsealable as exc:
+        raise InvalidRequest(
+            f"The encrypted content of '{param}' could not be verified ({exc}): it was not "
+            "issued by this server, or it was altered.",
+            param=f"{param}.encrypted_content",
+            code="invalid_encrypted_content",
+        ) from exc
+
+
+def _reasoning_text(item: dict[str, Any], param: str, sealer: Sealer | None) -> str:
+    """The text of a `reasoning` item: its `reasoning_text` content, else the reasoning its
+    `encrypted_content` carries, else its summary."""
+    if not item.get("content") and item.get("encrypted_content") is not None:
+        text = _unseal(item, param, "reasoning", sealer).get("text")
+        if isinstance(text, str) and text:
+            return text
     texts: list[str] = []
     for key, kinds in (("content", ("reasoning_text", "text")), ("summary", ("summary_text",))):
         parts = item.get(key)

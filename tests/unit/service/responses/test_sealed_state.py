@@ -1,0 +1,164 @@
+"""State sealed for the client: encrypted reasoning across `store: false` turns and
+compaction items, over the app and the fake engine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from openai.types.responses import CompactedResponse
+
+from respd.engines.base import Prompt, SamplingParams
+from respd.engines.fake import FakeEngine, Reply
+from respd.service.responses.translate import SUMMARY_HEADER
+from respd.service.sealing import Sealer, Unsealable
+from tests.sdk_types import strict_response
+from tests.servers import TEMPLATES
+from tests.unit.conftest import FAKE_MODEL
+
+THOUGHT = "The user greets; greet back."
+
+
+def test_sealed_blobs_open_only_unaltered_under_their_key_and_kind() -> None:
+    a = Sealer.from_secret("k")
+    token = a.seal("reasoning", {"text": "hi"})
+    assert "hi" not in token
+    assert Sealer.from_secret("k").open("reasoning", token) == {"text": "hi"}
+    assert a.seal("reasoning", {"text": "hi"}) != token  # a fresh nonce each time
+    with pytest.raises(Unsealable):
+        Sealer.from_secret("other").open("reasoning", token)
+    with pytest.raises(Unsealable):
+        a.open("compaction", token)
+    flipped = token[:20] + ("A" if token[20] != "A" else "B") + token[21:]
+    with pytest.raises(Unsealable):
+        a.open("reasoning", flipped)
+    for junk in ("", "%%%", "AAAA"):
+        with pytest.raises(Unsealable):
+            a.open("reasoning", junk)
+
+
+def test_the_data_dir_key_is_made_once_and_kept_private(tmp_path: Any) -> None:
+    token = Sealer.from_data_dir(tmp_path).seal("x", {"n": 1})
+    assert Sealer.from_data_dir(tmp_path).open("x", token) == {"n": 1}
+    assert (tmp_path / "state.key").stat().st_mode & 0o077 == 0
+
+
+class Model:
+    """Thinks, then answers; asked to summarise, it summarises."""
+
+    def respond(self, prompt: Prompt, params: SamplingParams) -> Reply:
+        system = prompt.request.messages[0].content
+        if system.startswith("You compact"):
+            return Reply(["The user said hi; ", "the assistant greeted."])
+        return Reply([THOUGHT, "</think>", "Hello!"])  # the template opens the block
+
+
+@pytest.fixture()
+def engine() -> FakeEngine:
+    template = (TEMPLATES / "think.jinja").read_text()
+    return FakeEngine(respond=Model().respond, model_id=FAKE_MODEL, template=template)
+
+
+async def _post(http: httpx.AsyncClient, path: str, **body: Any) -> httpx.Response:
+    return await http.post(path, json={"model": FAKE_MODEL, **body})
+
+
+async def test_encrypted_reasoning_comes_back_as_the_reasoning_it_sealed(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    r = await _post(
+        http,
+        "/v1/responses",
+        input="hi",
+        store=False,
+        include=["reasoning.encrypted_content"],
+    )
+    assert r.status_code == 200, r.text
+    first = strict_response(r.json())
+    item = first.output[0]
+    assert item.type == "reasoning" and item.encrypted_content
+    assert THOUGHT not in item.encrypted_content
+    # the client keeps only the sealed blob and sends it back with the history
+    sealed = {"type": "reasoning", "summary": [], "encrypted_content": item.encrypted_content}
+    history = [
+        {"role": "user", "content": "hi"},
+        sealed,
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "again"},
+    ]
+    r = await _post(http, "/v1/responses", input=history, store=False)
+    assert r.status_code == 200, r.text
+    assistant = engine.calls[-1].prompt.request.messages[1]
+    assert assistant.role == "assistant" and assistant.reasoning == THOUGHT
+    # without the include, no blob
+    plain = strict_response((await _post(http, "/v1/responses", input="hi")).json())
+    assert plain.output[0].type == "reasoning" and plain.output[0].encrypted_content is None
+
+
+async def test_tampered_or_foreign_blobs_are_400_and_nothing_runs(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    foreign = Sealer.from_secret("another server").seal("reasoning", {"text": "x"})
+    for blob in (foreign, foreign[:-4] + "AAAA"):
+        item = {"type": "reasoning", "summary": [], "encrypted_content": blob}
+        r = await _post(http, "/v1/responses", input=[item, {"role": "user", "content": "q"}])
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert (error["param"], error["code"]) == (
+            "input[0].encrypted_content",
+            "invalid_encrypted_content",
+        )
+    assert engine.calls == []
+
+
+async def test_compaction_summarises_and_its_item_stands_for_the_history(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    first = (await _post(http, "/v1/responses", input="hi")).json()
+    r = await _post(
+        http,
+        "/v1/responses/compact",
+        previous_response_id=first["id"],
+        input=[{"role": "user", "content": "and then?"}],
+    )
+    assert r.status_code == 200, r.text
+    compacted = CompactedResponse.model_validate(r.json())
+    assert compacted.object == "response.compaction"
+    assert [o.type for o in compacted.output] == ["compaction"]
+    assert compacted.usage.output_tokens > 0
+    transcript = engine.calls[-1].prompt.request.messages[-1].content
+    assert "user: hi" in transcript and "Hello!" in transcript and "and then?" in transcript
+    # the compacted history goes on as input
+    output = [o.model_dump(exclude_none=True) for o in compacted.output]
+    r = await _post(http, "/v1/responses", input=[*output, {"role": "user", "content": "next"}])
+    assert r.status_code == 200, r.text
+    summary = [
+        m.content
+        for m in engine.calls[-1].prompt.request.messages
+        if m.content.startswith(SUMMARY_HEADER)
+    ]
+    assert summary == [f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted."]
+    # altered, it is refused
+    output[-1]["encrypted_content"] = output[-1]["encrypted_content"][:-3] + "xyz"
+    r = await _post(http, "/v1/responses", input=output)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_encrypted_content"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"input": "hi"}, 400, "model"),
+        ({"model": FAKE_MODEL, "input": [{"type": "bogus"}]}, 400, "input[0].type"),
+        ({"model": FAKE_MODEL, "input": "hi", "previous_response_id": "resp_x"}, 404, None),
+        ({"model": "no-such-model", "input": "hi"}, 404, "model"),
+    ],
+)
+async def test_compaction_errors(
+    http: httpx.AsyncClient, body: dict[str, Any], status: int, param: str | None
+) -> None:
+    r = await http.post("/v1/responses/compact", content=json.dumps(body))
+    assert r.status_code == status, r.text
+    if param is not None:
+        assert r.json()["error"]["param"] == param
