@@ -32,8 +32,9 @@ PACKAGES = {
     "openai-node": ["openai"],
     "vercel-ai": ["ai", "@ai-sdk/openai"],
     "agents-js": ["@openai/agents"],
+    "codex": ["@openai/codex"],
 }
-NODE_CLIENTS = {"openai-node", "vercel-ai", "agents-js"}
+NODE_CLIENTS = {"openai-node", "vercel-ai", "agents-js", "codex"}
 
 _results: dict[tuple[str, str], str] = {}
 
@@ -63,7 +64,7 @@ def proxy(server: RespdServer) -> Iterator[CaptureProxy]:
     with RunningProxy(server.base_url) as state:
         yield state
     if os.environ.get("RESPD_RECORD_CLIENT_FIXTURES") == "1":
-        _save_fixtures(state)
+        save_fixtures(state)
 
 
 @pytest.fixture()
@@ -164,7 +165,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line("\n" + text)
 
 
-def _save_fixtures(state: CaptureProxy) -> None:
+def save_fixtures(state: CaptureProxy) -> None:
     """The JSON request bodies each flow sent, for the unit tests to replay."""
     by_flow: dict[tuple[str, str], list[dict[str, object]]] = {}
     for r in state.requests:

@@ -63,7 +63,8 @@ def script() -> Script:
 
 @pytest.fixture()
 def engine(script: Script) -> FakeEngine:
-    return FakeEngine(respond=script.respond, model_id=CLIENT_MODEL)
+    # Codex's prompts are long, and the fake tokenizer counts every character.
+    return FakeEngine(respond=script.respond, model_id=CLIENT_MODEL, context_window=1 << 20)
 
 
 def test_every_client_left_fixtures() -> None:

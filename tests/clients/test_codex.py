@@ -1,0 +1,155 @@
+"""OpenAI's Codex CLI (`@openai/codex` from npm, its binary inside the package) driving
+respd as a custom Responses provider: `codex exec` turns that answer, run a shell command
+through its `exec_command` function tool, and edit a file through its freeform
+`apply_patch` custom tool (a Lark grammar).
+
+Codex is configured as the README shows (tests/clients/codex): a model catalog entry for
+the default model (its context window, a short instruction text, the freeform
+apply_patch tool) and no sub-agent or goal tools. The 135M model is greedy here
+(`--temperature 0`) and is told exactly which call to write; what is tested is the
+protocol: every request Codex sends is accepted, its calls come back as the items Codex
+executes, and their outputs go back in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.clients.capture import Captured, CaptureProxy, RunningProxy
+from tests.clients.conftest import NODE_DIR, save_fixtures
+from tests.servers import RespdServer, start_server
+
+CODEX_DIR = Path(__file__).with_name("codex")
+CODEX = str(NODE_DIR / "node_modules" / ".bin" / "codex")
+SHELL = json.dumps({"name": "exec_command", "arguments": {"cmd": "echo hello > out.txt"}})
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"
+APPLY = json.dumps({"name": "apply_patch", "arguments": {"input": PATCH}})
+
+
+@pytest.fixture(scope="module")
+def codex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    srv = start_server(
+        tmp_path_factory.mktemp("respd-codex"),
+        "--ctx-size",
+        "8192",
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+        # Past its tool call the small model may ramble; this bounds how long.
+        "--max-output-tokens",
+        "200",
+        "--data-dir",
+        str(tmp_path_factory.mktemp("respd-codex-data")),
+    )
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture(scope="module")
+def codex_proxy(codex_server: RespdServer) -> Iterator[CaptureProxy]:
+    with RunningProxy(codex_server.base_url) as state:
+        yield state
+    if os.environ.get("RESPD_RECORD_CLIENT_FIXTURES") == "1":
+        save_fixtures(state)
+
+
+@pytest.fixture()
+def codex(
+    request: pytest.FixtureRequest,
+    codex_proxy: CaptureProxy,
+    node_modules: Path,
+    tmp_path: Path,
+) -> Iterator[tuple[Path, list[Captured]]]:
+    """A Codex home configured for respd and an empty workspace; yields the workspace and
+    (after the flow) what Codex sent."""
+    marker = request.node.get_closest_marker("flow")
+    assert marker is not None
+    codex_proxy.flow = marker.args[1]
+    home, work = tmp_path / "codex-home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    catalog = home / "models.json"
+    catalog.write_text((CODEX_DIR / "models.json").read_text())
+    config = (CODEX_DIR / "config.toml").read_text()
+    config = config.replace("{catalog}", str(catalog))
+    config = config.replace("{base_url}", codex_proxy.base_url("codex"))
+    (home / "config.toml").write_text(config)
+    sent: list[Captured] = []
+    yield work, sent
+    codex_proxy.flow = ""
+
+
+def run_codex(work: Path, prompt: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CODEX, "exec", "--skip-git-repo-check", prompt],
+        cwd=work,
+        env={**os.environ, "CODEX_HOME": str(work.parent / "codex-home")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _call(call: str, *, lines: bool = False) -> str:
+    """A call written the way the model's tool format reads it."""
+    sep = "\n" if lines else ""
+    return f"<tool_call>{sep}{call}{sep}</tool_call>"
+
+
+def _requests(proxy: CaptureProxy, flow: str) -> list[Captured]:
+    seen = proxy.seen("codex", flow)
+    assert seen, "Codex sent respd nothing"
+    for r in seen:
+        assert r.status == 200, f"{r.method} {r.path} answered {r.status}"
+        assert r.path == "/v1/responses"
+    return seen
+
+
+def _input_types(r: Captured) -> list[str]:
+    return [str(item.get("type", "message")) for item in r.body["input"]]
+
+
+@pytest.mark.flow("codex", "answer")
+def test_codex_answers(codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy) -> None:
+    work, _ = codex
+    done = run_codex(work, "What is 2+2? Answer in one short sentence.")
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip(), "the turn ended without an answer"
+    (first,) = _requests(codex_proxy, "answer")
+    body = first.body
+    assert body["store"] is False and body["stream"] is True
+    assert "reasoning.encrypted_content" in body["include"]
+    kinds = {t["type"] for t in body["tools"]}
+    assert {"function", "custom", "web_search"} <= kinds  # custom: the freeform apply_patch
+
+
+@pytest.mark.flow("codex", "exec-command")
+def test_codex_runs_a_shell_command(
+    codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
+) -> None:
+    work, _ = codex
+    run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
+    assert (work / "out.txt").read_text() == "hello\n"  # Codex ran the call respd returned
+    sent = _requests(codex_proxy, "exec-command")
+    assert len(sent) >= 2
+    assert "function_call_output" in _input_types(sent[1])  # and sent its output back
+
+
+@pytest.mark.flow("codex", "apply-patch")
+def test_codex_applies_a_patch_through_its_freeform_tool(
+    codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
+) -> None:
+    work, _ = codex
+    run_codex(work, f"Reply with exactly this and nothing else:\n{_call(APPLY, lines=True)}")
+    assert (work / "hello.txt").read_text() == "hello\n"
+    sent = _requests(codex_proxy, "apply-patch")
+    assert len(sent) >= 2
+    assert {"custom_tool_call", "custom_tool_call_output"} <= set(_input_types(sent[1]))
