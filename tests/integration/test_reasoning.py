@@ -42,16 +42,21 @@ CONSTRAINED: dict[str, Any] = {
 }
 
 
+STATE_KEY = "a key every replica shares"
+THINK_ARGS = (
+    "--ctx-size",
+    "2048",
+    "--threads",
+    "2",
+    "--chat-template",
+    str(TEMPLATES / "think.jinja"),
+)
+
+
 @pytest.fixture(scope="module")
 def think_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     srv = start_server(
-        tmp_path_factory.mktemp("respd-think"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
-        "--chat-template",
-        str(TEMPLATES / "think.jinja"),
+        tmp_path_factory.mktemp("respd-think"), *THINK_ARGS, "--state-key", STATE_KEY
     )
     yield srv
     srv.stop()
@@ -342,3 +347,78 @@ def test_logprobs_follow_the_answer_behind_the_thinking(tclient: openai.OpenAI) 
     # No entry for any thinking token.
     reasoning = final.usage.output_tokens_details.reasoning_tokens
     assert reasoning > 0 and len(logprobs) <= final.usage.output_tokens - reasoning
+
+
+def test_encrypted_reasoning_round_trips_to_another_process_with_the_key(
+    tclient: openai.OpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A `store: false` client keeps only the sealed reasoning; a second respd process
+    given the same key restores it into the prompt, and refuses it altered."""
+    first = _wire(
+        tclient.responses.create(
+            **CONSTRAINED, store=False, include=["reasoning.encrypted_content"]
+        )
+    )
+    thought, item = _reasoning_text(first), first.output[0]
+    assert item.type == "reasoning" and item.encrypted_content
+    assert thought not in item.encrypted_content
+    user = {"role": "user", "content": CONSTRAINED["input"]}
+    assistant = {"role": "assistant", "content": [{"type": "output_text", "text": "4"}]}
+    follow = {"role": "user", "content": "Thanks!"}
+    sealed = {"type": "reasoning", "summary": [], "encrypted_content": item.encrypted_content}
+    plain = {
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": thought}],
+    }
+    other = start_server(
+        tmp_path_factory.mktemp("respd-think-2"), *THINK_ARGS, "--state-key", STATE_KEY
+    )
+    stranger = start_server(tmp_path_factory.mktemp("respd-think-3"), *THINK_ARGS)
+    try:
+        oc = other.client(timeout=120)
+        restored = _tokens(oc, input=[user, sealed, assistant, follow])
+        assert restored == _tokens(oc, input=[user, plain, assistant, follow])
+        assert restored > _tokens(oc, input=[user, assistant, follow])
+        r = oc.responses.create(
+            model=MODEL_ID, input=[user, sealed, assistant, follow], max_output_tokens=4
+        )
+        assert r.usage is not None and r.usage.input_tokens == restored
+        token = item.encrypted_content
+        tampered = {
+            **sealed,
+            "encrypted_content": token[:30] + ("B" if token[30] == "A" else "A") + token[31:],
+        }
+        for client, bad in ((oc, tampered), (stranger.client(), sealed)):
+            with pytest.raises(openai.BadRequestError) as exc:
+                client.responses.create(model=MODEL_ID, input=[user, bad, assistant, follow])
+            assert exc.value.code == "invalid_encrypted_content"
+            assert exc.value.param == "input[1].encrypted_content"
+    finally:
+        for srv in (other, stranger):
+            srv.stop()
+            srv.assert_no_5xx()
+
+
+def test_compaction_stands_for_the_history_it_summarised(tclient: openai.OpenAI) -> None:
+    first = tclient.responses.create(
+        model=MODEL_ID,
+        input="My name is Ada and I like tea.",
+        max_output_tokens=30,
+        reasoning={"effort": "none"},
+    )
+    compacted = tclient.responses.compact(
+        model=MODEL_ID, previous_response_id=first.id, input=[{"role": "user", "content": "Noted?"}]
+    )
+    assert compacted.object == "response.compaction"
+    (item,) = compacted.output
+    assert item.type == "compaction" and item.encrypted_content
+    assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0
+    history = [item.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+    without = _tokens(tclient, input=[{"role": "user", "content": "Go on."}])
+    assert _tokens(tclient, input=history) > without  # the summary is in the prompt
+    r = tclient.responses.create(model=MODEL_ID, input=history, max_output_tokens=4)
+    assert r.status in ("completed", "incomplete")
+    with pytest.raises(openai.BadRequestError) as exc:
+        tclient.responses.compact(model=MODEL_ID, input=[{"type": "bogus"}])  # type: ignore[list-item]
+    assert exc.value.param == "input[0].type"

@@ -396,8 +396,7 @@ def _error(r: httpx.Response) -> dict[str, Any]:
             },
             "tool_choice",
         ),
-        ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": []}]}, "tools[1].type"),
-        ({"tools": [{"type": "mcp", "server_label": "x"}]}, "tools[0].type"),
+        ({"tools": [WEATHER, {"type": "teleport"}]}, "tools[1].type"),
         ({"tools": [{**WEATHER, "name": "bad name!"}]}, "tools[0].name"),
         ({"tools": [WEATHER, WEATHER]}, "tools[1].name"),
         (
@@ -433,3 +432,35 @@ def test_tool_requests_that_are_400(http: httpx.Client, body: dict[str, Any], pa
     if "type" in param and "tools[" in param:
         kind = body["tools"][int(param[6])]["type"]
         assert kind in err["message"]
+
+
+def test_hosted_tools_are_left_out_and_the_turn_goes_on(client: openai.OpenAI) -> None:
+    """OpenAI runs these tools on its side; offered here, they are not shown to the model
+    and the response is an ordinary one (Codex offers web_search on every turn)."""
+    hosted = [
+        {"type": "file_search", "vector_store_ids": []},
+        {"type": "mcp", "server_label": "x"},
+        {"type": "web_search"},
+        {"type": "image_generation"},
+    ]
+    with_hosted = client.responses.input_tokens.count(
+        model=MODEL_ID,
+        input="Hi",
+        tools=[WEATHER, *hosted],  # type: ignore[list-item]
+    )
+    alone = client.responses.input_tokens.count(model=MODEL_ID, input="Hi", tools=[WEATHER])  # type: ignore[list-item]
+    assert with_hosted.input_tokens == alone.input_tokens
+    r = client.responses.create(
+        model=MODEL_ID,
+        input="Hi",
+        tools=[WEATHER, *hosted],
+        max_output_tokens=8,  # type: ignore[list-item]
+    )
+    assert r.status in ("completed", "incomplete")
+    assert [t.type for t in r.tools] == [
+        "function",
+        "file_search",
+        "mcp",
+        "web_search",
+        "image_generation",
+    ]

@@ -9,6 +9,7 @@ pydantic types, so a field we misspell fails here, not in a client.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,6 +141,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_OPEN_INPUT = re.compile(r'"input"\s*:\s*"')
 _CALL_PREFIX = {"function": "fc", "custom": "ctc", "local_shell": "lsh"}
 
 
@@ -152,9 +154,22 @@ class _OpenCall:
     arguments: str = ""  # the JSON the model wrote, as it arrives
 
     def input_text(self) -> str:
-        """A custom tool call's text: its `input` argument."""
+        """A custom tool call's text: its `input` argument (as far as it was written, for
+        a call cut short)."""
         value = _json_object(self.arguments).get("input")
-        return value if isinstance(value, str) else ""
+        if isinstance(value, str):
+            return value
+        m = _OPEN_INPUT.search(self.arguments)
+        if m is None:
+            return ""
+        text = self.arguments[m.end() :]
+        for cut in range(len(text), max(len(text) - 6, -1), -1):  # a cut escape sequence
+            try:
+                partial = json.loads('"' + text[:cut] + '"')
+            except ValueError:
+                continue
+            return partial if isinstance(partial, str) else ""
+        return ""
 
     def item(self, status: str) -> dict[str, Any]:
         route = self.route
