@@ -66,7 +66,7 @@ def test_blank_input_with_instructions_passes(http: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"tools": [{"type": "computer_use_2049"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
     ],
 )
