@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from respd import __version__
-from respd.api import chat, conversations, files, responses
+from respd.api import chat, conversations, files, responses, websocket
 from respd.api import models as model_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.api.guard import GuardSettings, RequestGuard
@@ -110,6 +110,7 @@ def create_app(
     install_error_handlers(app)
     describe(app)
     app.include_router(responses.router)
+    app.include_router(websocket.router)
     app.include_router(conversations.router)
     app.include_router(files.router)
     app.include_router(chat.router)

@@ -186,7 +186,12 @@ def load_json(raw: bytes) -> Any:
 
 async def parse_body(request: Request, model: type[M]) -> M:
     raw = await request.body()
-    data = load_json(raw) if raw else None
+    return parse_json(raw, model, request.url.path)
+
+
+def parse_json(raw: bytes | str, model: type[M], where: str) -> M:
+    """A JSON object read into `model`; any problem is a 400 that names it."""
+    data = load_json(raw.encode() if isinstance(raw, str) else raw) if raw else None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     try:
@@ -194,7 +199,5 @@ async def parse_body(request: Request, model: type[M]) -> M:
     except ValidationError as exc:
         raise validation_error(exc) from exc
     if parsed.model_extra:
-        log.info(
-            "ignoring unknown field(s) on %s: %s", request.url.path, sorted(parsed.model_extra)
-        )
+        log.info("ignoring unknown field(s) on %s: %s", where, sorted(parsed.model_extra))
     return parsed

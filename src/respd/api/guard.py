@@ -82,6 +82,9 @@ class RequestGuard:
         self.origins = {o.rstrip("/").lower() for o in settings.cors_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -106,6 +109,19 @@ class RequestGuard:
             await send_error(scope, send, problem)
             return
         await self.app(scope, _bounded(receive, limit, upload), send)
+
+    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade from a foreign host or an untrusted page is refused (HTTP
+        403): browsers let any page open a socket to 127.0.0.1."""
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host", b"").decode("latin-1").lower()
+        origin = headers.get(b"origin")
+        foreign = not self.any_host and _hostname(host) not in self.hosts
+        if foreign or (origin is not None and not self._trusted(origin.decode("latin-1"), host)):
+            await receive()
+            await send({"type": "websocket.close", "code": 1008, "reason": "host or origin"})
+            return
+        await self.app(scope, receive, send)
 
     def _check(
         self, scope: Scope, headers: dict[bytes, bytes], host: str, upload: bool, limit: int

@@ -141,6 +141,9 @@ class AuthMiddleware:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -157,6 +160,21 @@ class AuthMiddleware:
             state["identity"] = identity
         CURRENT_IDENTITY.set(state["identity"])
         set_log_identity(state["identity"].label)
+        await self.app(scope, receive, send)
+
+    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket presents its key on the upgrade request; without a valid one the
+        upgrade is refused (HTTP 403) before any message."""
+        identity: Identity | None = ANONYMOUS_IDENTITY
+        if self.keys.enabled:
+            identity = self.keys.identify(presented_key(dict(scope.get("headers") or [])))
+        if identity is None:
+            await receive()  # the client's connect
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
+            return
+        scope.setdefault("state", {})["identity"] = identity
+        CURRENT_IDENTITY.set(identity)
+        set_log_identity(identity.label)
         await self.app(scope, receive, send)
 
 

@@ -1,0 +1,117 @@
+"""WebSocket mode of `/v1/responses`: one socket, many responses.
+
+The client sends `{"type": "response.create", ...create body}` messages; each answers with
+the same typed events the HTTP stream sends, one JSON message per event, in order. The
+responses on a socket run one after another. A response made on this socket can be
+continued with `previous_response_id` even when it was not stored (`store: false`): the
+socket keeps each finished unstored response's whole history for as long as it is open. After a
+reconnect, or from a response that failed, that history is gone and the continuation is a
+`previous_response_not_found` error, unless the response was stored. A bad message is an
+`error` event (`{"type": "error", "status", "error": {...}}`), never the end of the socket.
+Keys are checked as for HTTP, before the socket is accepted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import aclosing
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+
+from respd.api.body import parse_json
+from respd.api.identity import ANONYMOUS_IDENTITY, Identity
+from respd.protocol.errors import APIError, InvalidRequest
+from respd.protocol.responses import CreateResponseRequest
+from respd.protocol.wire import wire
+from respd.service.responses.service import ResponsesService
+from respd.store.base import JSON
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+# Fields of a create body that mean something only over HTTP.
+_TRANSPORT_FIELDS = ("type", "stream", "stream_options", "background")
+# How many finished histories one socket keeps for continuations.
+MAX_CACHED = 64
+
+
+def error_event(exc: APIError) -> dict[str, Any]:
+    return {"type": "error", "status": exc.status_code, **exc.body()}
+
+
+class SocketSession:
+    """One socket's responses and the histories they leave for continuations."""
+
+    def __init__(self, socket: WebSocket, service: ResponsesService, owner: str) -> None:
+        self.socket = socket
+        self.service = service
+        self.owner = owner
+        self.histories: dict[str, list[JSON]] = {}
+
+    async def handle(self, raw: str | bytes) -> None:
+        try:
+            await self._create(raw)
+        except APIError as exc:
+            await self.socket.send_json(error_event(exc))
+
+    async def _create(self, raw: str | bytes) -> None:
+        try:
+            message = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidRequest("The message is not valid JSON.", code="invalid_json") from exc
+        if not isinstance(message, dict) or message.get("type") != "response.create":
+            kind = message.get("type") if isinstance(message, dict) else None
+            raise InvalidRequest(
+                f"Unsupported message type {kind!r}: send 'response.create'.",
+                param="type",
+                code="invalid_value",
+            )
+        body = {k: v for k, v in message.items() if k not in _TRANSPORT_FIELDS}
+        prior: list[JSON] = []
+        previous = body.get("previous_response_id")
+        if isinstance(previous, str) and previous in self.histories:
+            # Continued from this socket's own history: stored or not, no store read.
+            prior = self.histories[previous]
+            new = body.get("input")
+            items = (
+                [{"type": "message", "role": "user", "content": new}]
+                if isinstance(new, str)
+                else list(new or [])
+            )
+            body = {**body, "input": [*prior, *items], "previous_response_id": None}
+        req = parse_json(json.dumps(body), CreateResponseRequest, "websocket /v1/responses")
+        prepared = await self.service.prepare(req, self.owner)
+        if prior:
+            prepared.echo["previous_response_id"] = previous
+        machine = prepared.machine()
+        async with aclosing(self.service.respond(prepared, machine)) as events:
+            async for event in events:
+                await self.socket.send_json(wire(event))
+        # A stored response is continued from the store like over HTTP; an unstored one
+        # only from here.
+        if not prepared.stored and machine.status in ("completed", "incomplete"):
+            history = [*prepared.history.items, *prepared.input_items, *machine.output]
+            self.histories[machine.id] = history
+            while len(self.histories) > MAX_CACHED:
+                self.histories.pop(next(iter(self.histories)))
+
+
+@router.websocket("/v1/responses")
+@router.websocket("/responses")
+async def responses_socket(socket: WebSocket) -> None:
+    identity = socket.scope.get("state", {}).get("identity", ANONYMOUS_IDENTITY)
+    owner = identity.owner if isinstance(identity, Identity) else ANONYMOUS_IDENTITY.owner
+    await socket.accept()
+    session = SocketSession(socket, socket.app.state.responses, owner)
+    try:
+        while True:
+            message = await socket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            raw = message.get("text") if message.get("text") is not None else message.get("bytes")
+            if raw is not None:
+                await session.handle(raw)
+    except WebSocketDisconnect:
+        return
