@@ -17,11 +17,10 @@ from respd.engines.base import ChatMessage
 from respd.protocol.errors import ContextLengthExceeded, MissingParameter
 from respd.protocol.responses import CreateResponseRequest, ReasoningConfig
 from respd.service.ids import new_id
-from respd.service.media.lowering import require_effective_input
 from respd.service.responses.events import usage_json
 from respd.service.responses.history import resolve_history
 from respd.service.responses.service import ResponsesService
-from respd.service.responses.translate import check_item_shapes, input_to_messages
+from respd.service.responses.translate import check_item_shapes
 
 SUMMARY_TOKENS = 400  # the summary's budget
 _PER_TURN_CHARS = 1500  # a turn longer than this is cut in the transcript
@@ -79,20 +78,7 @@ class Compactor:
         history = await resolve_history(
             service.store, owner, previous_response_id=body.previous_response_id, conversation=None
         )
-        past_media = await service.media.resolve_items(history.items, owner)
-        input_media = await service.media.resolve_items(body.input, owner)
-        past = input_to_messages(
-            history.items, lowering=service._lowering(engine, past_media), sealer=service.sealer
-        )
-        messages = past + input_to_messages(
-            body.input,
-            prior=past,
-            lowering=service._lowering(engine, input_media),
-            sealer=service.sealer,
-        )
-        if body.instructions:
-            messages.insert(0, ChatMessage("system", body.instructions))
-        require_effective_input(messages)
+        messages = await service.conversation(engine, owner, history, body.input, body.instructions)
         summary, usage = await self._summarize(body.model, engine.context_window, messages, owner)
         compaction = {
             "type": "compaction",

@@ -233,22 +233,7 @@ class ResponsesService:
             previous_response_id=req.previous_response_id,
             conversation=req.conversation,
         )
-        # Media first (fetch, decode, check: async), then the pure translation. History is
-        # resolved again from its stored wire shape, so a replay lowers exactly as before.
-        past_media = await self.media.resolve_items(history.items, owner)
-        input_media = await self.media.resolve_items(req.input, owner)
-        past = input_to_messages(
-            history.items, lowering=self._lowering(engine, past_media), sealer=self.sealer
-        )
-        messages = past + input_to_messages(
-            req.input,
-            prior=past,
-            lowering=self._lowering(engine, input_media),
-            sealer=self.sealer,
-        )
-        if req.instructions:
-            messages.insert(0, ChatMessage("system", req.instructions))
-        require_effective_input(messages)
+        messages = await self.conversation(engine, owner, history, req.input, req.instructions)
         spec = GenerationSpec(
             messages=messages,
             sampling=sampling,
@@ -272,6 +257,31 @@ class ResponsesService:
             offered.routes,
             self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
         )
+
+    async def conversation(
+        self,
+        engine: Engine,
+        owner: str,
+        history: History,
+        items: str | list[JSON] | None,
+        instructions: str | None,
+    ) -> list[ChatMessage]:
+        """The prompt's turns: the history, then this request's items, after the
+        instructions; a conversation with nothing to answer is a 400."""
+        # Media first (fetch, decode, check: async), then the pure translation. History is
+        # resolved again from its stored wire shape, so a replay lowers exactly as before.
+        past_media = await self.media.resolve_items(history.items, owner)
+        input_media = await self.media.resolve_items(items, owner)
+        past = input_to_messages(
+            history.items, lowering=self._lowering(engine, past_media), sealer=self.sealer
+        )
+        messages = past + input_to_messages(
+            items, prior=past, lowering=self._lowering(engine, input_media), sealer=self.sealer
+        )
+        if instructions:
+            messages.insert(0, ChatMessage("system", instructions))
+        require_effective_input(messages)
+        return messages
 
     @staticmethod
     def _lowering(engine: Engine, media: dict[str, Any]) -> Lowering:

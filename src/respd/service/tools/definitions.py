@@ -46,14 +46,19 @@ def _bad(message: str, param: str, code: str = "invalid_value") -> InvalidReques
     return InvalidRequest(message, param=param, code=code)
 
 
-def _function_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> ToolDefinition:
+def _name(fields: dict[str, Any], param: str, what: str = "function") -> str:
     name = fields.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise _bad(
-            f"Invalid '{param}.name': a function name must be 1-64 characters of a-z, A-Z, "
+            f"Invalid '{param}.name': a {what} name must be 1-64 characters of a-z, A-Z, "
             f"0-9, '_' or '-', got {name!r}.",
             f"{param}.name",
         )
+    return name
+
+
+def _function_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> ToolDefinition:
+    name = _name(fields, param)
     parameters = fields.get("parameters")
     if parameters is not None:
         if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
@@ -160,13 +165,7 @@ def namespaced(namespace: str | None, name: str) -> str:
 
 def _custom_tool(fields: dict[str, Any], param: str, rendered: str) -> ToolDefinition:
     """A custom tool, shown as a function of one string, `input`, held to its format."""
-    name = fields.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise _bad(
-            f"Invalid '{param}.name': a tool name must be 1-64 characters of a-z, A-Z, "
-            f"0-9, '_' or '-', got {name!r}.",
-            f"{param}.name",
-        )
+    _name(fields, param, "tool")
     text: dict[str, Any] = {"type": "string", "description": "The tool's raw input text."}
     pattern = input_pattern(fields.get("format"), f"{param}.format")
     if pattern is not None:
@@ -208,9 +207,7 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
             out.append(_LOCAL_SHELL_TOOL)
             routes[LOCAL_SHELL] = ToolRoute("local_shell", LOCAL_SHELL)
         elif kind == "namespace" and namespace is None:
-            name, inner = entry.get("name"), entry.get("tools")
-            if not isinstance(name, str) or not NAME_RE.match(name):
-                raise _bad(f"Invalid '{param}.name': expected a namespace name.", f"{param}.name")
+            name, inner = _name(entry, param, "namespace"), entry.get("tools")
             if not isinstance(inner, list):
                 raise MissingParameter(f"{param}.tools")
             for j, sub in enumerate(inner):
