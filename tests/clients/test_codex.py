@@ -153,3 +153,34 @@ def test_codex_applies_a_patch_through_its_freeform_tool(
     sent = _requests(codex_proxy, "apply-patch")
     assert len(sent) >= 2
     assert {"custom_tool_call", "custom_tool_call_output"} <= set(_input_types(sent[1]))
+
+
+@pytest.mark.flow("codex", "compaction")
+def test_codex_compacts_a_session_past_its_token_limit(
+    codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
+) -> None:
+    """With a tiny auto-compaction limit, the second turn of a session starts with Codex's
+    own compaction: for a provider other than OpenAI it asks the model for a summary with
+    an ordinary Responses request, which respd serves like any other."""
+    work, _ = codex
+    catalog = work.parent / "codex-home" / "models.json"
+    models = json.loads(catalog.read_text())
+    models["models"][0]["auto_compact_token_limit"] = 50
+    catalog.write_text(json.dumps(models))
+    run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
+    assert (work / "out.txt").read_text() == "hello\n"
+    resume = subprocess.run(
+        [CODEX, "exec", "--skip-git-repo-check", "resume", "--last", "What is 2+2?"],
+        cwd=work,
+        env={**os.environ, "CODEX_HOME": str(work.parent / "codex-home")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    sent = _requests(codex_proxy, "compaction")
+    summaries = [
+        r for r in sent if "CONTEXT CHECKPOINT COMPACTION" in json.dumps(r.body["input"][-1:])
+    ]
+    assert summaries, resume.stderr[-3000:]
+    # the history it asked to summarise is the first turn's, tool call and output included
+    assert {"function_call", "function_call_output"} <= set(_input_types(summaries[0]))
