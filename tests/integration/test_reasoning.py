@@ -422,3 +422,22 @@ def test_compaction_stands_for_the_history_it_summarised(tclient: openai.OpenAI)
     with pytest.raises(openai.BadRequestError) as exc:
         tclient.responses.compact(model=MODEL_ID, input=[{"type": "bogus"}])  # type: ignore[list-item]
     assert exc.value.param == "input[0].type"
+
+
+def test_reasoning_summary_is_streamed_as_summary_parts(tclient: openai.OpenAI) -> None:
+    body = {**CONSTRAINED, "reasoning": {"effort": "minimal", "summary": "auto"}}
+    events = list(tclient.responses.create(**body, stream=True))
+    for e in events:
+        strict_event(e.to_dict())
+    types = [e.type for e in events]
+    assert "response.reasoning_summary_text.done" in types
+    final = _wire(events[-1].response)  # type: ignore[union-attr]
+    thought = _reasoning_text_of(final)
+    item = final.output[0]
+    assert item.type == "reasoning" and [s.text for s in item.summary] == [thought.strip()]
+
+
+def _reasoning_text_of(r: Response) -> str:
+    item = r.output[0]
+    assert item.type == "reasoning" and item.content
+    return item.content[0].text

@@ -35,6 +35,10 @@ from openai.types.responses import (
     ResponseOutputMessage,
     ResponseQueuedEvent,
     ResponseReasoningItem,
+    ResponseReasoningSummaryPartAddedEvent,
+    ResponseReasoningSummaryPartDoneEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningSummaryTextDoneEvent,
     ResponseReasoningTextDeltaEvent,
     ResponseReasoningTextDoneEvent,
     ResponseStreamEvent,
@@ -59,6 +63,25 @@ from respd.service.ids import new_id
 from respd.service.tools.definitions import ToolRoute
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+CONCISE_CHARS = 280
+
+
+def summarize_reasoning(text: str, mode: str) -> str:
+    """The summary of a reasoning item. The model wrote no summary of its own, so
+    `detailed` (and `auto`) is the reasoning itself, `concise` its opening sentences up to
+    about 280 characters."""
+    text = text.strip()
+    if mode != "concise" or len(text) <= CONCISE_CHARS:
+        return text
+    out = ""
+    for sentence in _SENTENCE_END.split(text):
+        if out and len(out) + len(sentence) + 1 > CONCISE_CHARS:
+            break
+        out = f"{out} {sentence}".strip()
+    return out if len(out) <= CONCISE_CHARS else out[:CONCISE_CHARS].rstrip() + "…"
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -211,6 +234,9 @@ class ResponseEventMachine:
     # Seals a reasoning item's text into its `encrypted_content` (when the request asked
     # to include it), so a `store: false` client can hand the reasoning back.
     seal_reasoning: Callable[[str], str] | None = None
+    # `reasoning.summary` asked for (`auto`, `concise`, `detailed`): reasoning items get a
+    # summary part, with its events.
+    reasoning_summary: str | None = None
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
     status: Status = "in_progress"
@@ -345,10 +371,17 @@ class ResponseEventMachine:
         item = t.item(item_status)
         if t.kind == "reasoning" and self.seal_reasoning is not None:
             item["encrypted_content"] = self.seal_reasoning(t.text)
+        summary = (
+            summarize_reasoning(t.text, self.reasoning_summary)
+            if t.kind == "reasoning" and self.reasoning_summary
+            else ""
+        )
+        if summary:
+            item["summary"] = [{"type": "summary_text", "text": summary}]
         self.output[t.output_index] = item
         prefix, _, done_cls, item_cls = _TEXT_EVENTS[t.kind]
         extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}
-        return [
+        closing = [
             self._event(
                 done_cls,
                 type=f"{prefix}.done",
@@ -366,11 +399,46 @@ class ResponseEventMachine:
                 content_index=0,
                 part=t.part(),
             ),
+        ]
+        if summary:
+            closing += self._summary_events(t, summary)
+        return [
+            *closing,
             self._event(
                 ResponseOutputItemDoneEvent,
                 type="response.output_item.done",
                 output_index=t.output_index,
                 item=item_cls.model_validate(item),
+            ),
+        ]
+
+    def _summary_events(self, t: _OpenText, summary: str) -> list[ResponseStreamEvent]:
+        part = {"type": "summary_text", "text": summary}
+        where = {"item_id": t.id, "output_index": t.output_index, "summary_index": 0}
+        return [
+            self._event(
+                ResponseReasoningSummaryPartAddedEvent,
+                type="response.reasoning_summary_part.added",
+                part={**part, "text": ""},
+                **where,
+            ),
+            self._event(
+                ResponseReasoningSummaryTextDeltaEvent,
+                type="response.reasoning_summary_text.delta",
+                delta=summary,
+                **where,
+            ),
+            self._event(
+                ResponseReasoningSummaryTextDoneEvent,
+                type="response.reasoning_summary_text.done",
+                text=summary,
+                **where,
+            ),
+            self._event(
+                ResponseReasoningSummaryPartDoneEvent,
+                type="response.reasoning_summary_part.done",
+                part=part,
+                **where,
             ),
         ]
 

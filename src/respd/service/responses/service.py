@@ -37,6 +37,7 @@ from respd.store.base import JSON, ResponseRecord, Store
 
 log = logging.getLogger(__name__)
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
+SUMMARY_MODES = frozenset({"auto", "concise", "detailed"})
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -55,11 +56,19 @@ class PreparedResponse:
     sealer: Sealer | None = None  # set when reasoning is to carry `encrypted_content`
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
-        """The event machine for this response: its echo, how its calls map back, and
-        whether its reasoning is sealed for the client."""
+        """The event machine for this response: its echo, how its calls map back, whether
+        its reasoning is sealed for the client and summarised."""
         sealer = self.sealer
         seal = (lambda text: sealer.seal("reasoning", {"text": text})) if sealer else None
-        return ResponseEventMachine(self.echo, routes=self.routes, seal_reasoning=seal, **fields)
+        reasoning = self.request.reasoning
+        summary = (reasoning.summary or reasoning.generate_summary) if reasoning else None
+        return ResponseEventMachine(
+            self.echo,
+            routes=self.routes,
+            seal_reasoning=seal,
+            reasoning_summary=summary if summary in SUMMARY_MODES else None,
+            **fields,
+        )
 
     @property
     def prompt_tokens(self) -> int:

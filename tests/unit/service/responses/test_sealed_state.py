@@ -12,9 +12,10 @@ from openai.types.responses import CompactedResponse
 
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
+from respd.service.responses.events import summarize_reasoning
 from respd.service.responses.translate import SUMMARY_HEADER
 from respd.service.sealing import Sealer, Unsealable
-from tests.sdk_types import strict_response
+from tests.sdk_types import strict_event, strict_response
 from tests.servers import TEMPLATES
 from tests.unit.conftest import FAKE_MODEL
 
@@ -162,3 +163,34 @@ async def test_compaction_errors(
     assert r.status_code == status, r.text
     if param is not None:
         assert r.json()["error"]["param"] == param
+
+
+async def test_reasoning_summary_parts_and_their_events(http: httpx.AsyncClient) -> None:
+    r = await _post(
+        http, "/v1/responses", input="hi", stream=True, reasoning={"summary": "detailed"}
+    )
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        strict_event(event)
+    types = [e["type"] for e in events]
+    summary_types = [
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+    ]
+    at = [types.index(t) for t in summary_types]
+    assert at == sorted(at) and at[-1] < types.index("response.output_item.done")
+    final = strict_response(events[-1]["response"])
+    item = final.output[0]
+    assert item.type == "reasoning" and [s.text for s in item.summary] == [THOUGHT]
+    plain = strict_response((await _post(http, "/v1/responses", input="hi")).json())
+    assert plain.output[0].type == "reasoning" and plain.output[0].summary == []
+
+
+def test_a_concise_summary_keeps_the_opening_sentences() -> None:
+    text = "First I look at the question. " + "Then I think more. " * 40
+    concise = summarize_reasoning(text, "concise")
+    assert concise.startswith("First I look at the question.") and len(concise) <= 281
+    assert summarize_reasoning(text, "detailed") == text.strip()
+    assert summarize_reasoning("Short.", "concise") == "Short."
