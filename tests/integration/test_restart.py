@@ -13,8 +13,20 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.servers import RespdServer, start_server
+from tests.servers import MODEL_ID, RespdServer, start_server
 from tests.stateful import LONG_PROMPT, create, strict
+
+COUNT = {
+    "type": "json_schema",
+    "name": "count",
+    "schema": {
+        "type": "object",
+        "properties": {"n": {"type": "array", "items": {"type": "integer"}, "minItems": 400}},
+        "required": ["n"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
 
 
 def _start(tmp_path: Path, *extra: str) -> RespdServer:
@@ -80,7 +92,18 @@ def test_sigterm_during_background_job_stores_what_it_made(tmp_path: Path) -> No
     output it had, never left in progress for the next start."""
     server = _start(tmp_path, "--shutdown-grace-secs", "1")
     client = server.client()
-    job = create(client, LONG_PROMPT, background=True, max_output_tokens=1500)
+    # The grammar holds the answer to 400 numbers, so it cannot end within the grace by
+    # itself (left free, the small model may stop counting early).
+    job = strict(
+        client.responses.create(
+            model=MODEL_ID,
+            input=LONG_PROMPT,
+            background=True,
+            max_output_tokens=1500,
+            temperature=0,
+            text={"format": COUNT},  # type: ignore[typeddict-item]
+        )
+    )
     deadline = time.monotonic() + 120
     # A live poll shows the output so far: wait for some (a loaded machine prefills slowly).
     while not client.responses.retrieve(job.id).output_text and time.monotonic() < deadline:
