@@ -186,12 +186,12 @@ def load_json(raw: bytes) -> Any:
 
 async def parse_body(request: Request, model: type[M]) -> M:
     raw = await request.body()
-    return parse_json(raw, model, request.url.path)
+    return validate_object(load_json(raw) if raw else None, model, request.url.path)
 
 
-def parse_json(raw: bytes | str, model: type[M], where: str) -> M:
-    """A JSON object read into `model`; any problem is a 400 that names it."""
-    data = load_json(raw.encode() if isinstance(raw, str) else raw) if raw else None
+def validate_object(data: Any, model: type[M], where: str) -> M:
+    """Decoded JSON read into `model`: it must be an object; any problem is a 400 that
+    names it; unknown fields are logged (as from `where`) and kept."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
     try:

@@ -130,5 +130,15 @@ async def send_error(scope: Scope, send: Send, exc: APIError) -> None:
     await error_response(exc)(scope, _no_body, send)
 
 
+async def refuse(scope: Scope, receive: Receive, send: Send, exc: APIError) -> None:
+    """Refuse a request from a middleware: an HTTP request gets `exc` as its answer; a
+    WebSocket upgrade is closed before it is accepted (the client sees HTTP 403)."""
+    if scope["type"] == "websocket":
+        await receive()  # the client's connect
+        await send({"type": "websocket.close", "code": 1008, "reason": exc.message[:120]})
+        return
+    await send_error(scope, send, exc)
+
+
 async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.encoding import decode_body, encodings
-from respd.api.errors import send_error
+from respd.api.errors import refuse, send_error
 from respd.protocol.errors import APIError
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -83,8 +83,13 @@ class RequestGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
-            await self._socket(scope, receive, send)
-            return
+            # Browsers let any page open a socket to 127.0.0.1: the same Host and Origin
+            # checks, at the upgrade.
+            headers = dict(scope.get("headers") or [])
+            host = headers.get(b"host", b"").decode("latin-1").lower()
+            if (problem := self._foreign(headers, host)) is not None:
+                await refuse(scope, receive, send, problem)
+                return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -96,36 +101,16 @@ class RequestGuard:
         coded = headers.get(b"content-encoding")
         if problem is None and coded is not None:
             try:
-                names = encodings(coded.decode("latin-1"))
+                receive, scope = await _decoded(scope, receive, coded, limit, upload)
             except APIError as exc:
                 problem = exc
-            else:
-                if names:
-                    try:
-                        receive, scope = await _decoded(scope, receive, names, limit, upload)
-                    except APIError as exc:
-                        problem = exc
         if problem is not None:
             await send_error(scope, send, problem)
             return
         await self.app(scope, _bounded(receive, limit, upload), send)
 
-    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A WebSocket upgrade from a foreign host or an untrusted page is refused (HTTP
-        403): browsers let any page open a socket to 127.0.0.1."""
-        headers = dict(scope.get("headers") or [])
-        host = headers.get(b"host", b"").decode("latin-1").lower()
-        origin = headers.get(b"origin")
-        foreign = not self.any_host and _hostname(host) not in self.hosts
-        if foreign or (origin is not None and not self._trusted(origin.decode("latin-1"), host)):
-            await receive()
-            await send({"type": "websocket.close", "code": 1008, "reason": "host or origin"})
-            return
-        await self.app(scope, receive, send)
-
-    def _check(
-        self, scope: Scope, headers: dict[bytes, bytes], host: str, upload: bool, limit: int
-    ) -> APIError | None:
+    def _foreign(self, headers: dict[bytes, bytes], host: str) -> APIError | None:
+        """A Host this server does not answer to, or an Origin it does not trust."""
         if not self.any_host and _hostname(host) not in self.hosts:
             return APIError(
                 f"Host '{host}' is not served here; allow it with --allowed-hosts.",
@@ -138,6 +123,13 @@ class RequestGuard:
                 status_code=403,
                 code="origin_not_allowed",
             )
+        return None
+
+    def _check(
+        self, scope: Scope, headers: dict[bytes, bytes], host: str, upload: bool, limit: int
+    ) -> APIError | None:
+        if (problem := self._foreign(headers, host)) is not None:
+            return problem
         length = headers.get(b"content-length")
         has_body = b"transfer-encoding" in headers or (length is not None and length != b"0")
         # Upload routes check their own (multipart) content type.
@@ -160,10 +152,13 @@ class RequestGuard:
 
 
 async def _decoded(
-    scope: Scope, receive: Receive, names: list[str], limit: int, upload: bool
+    scope: Scope, receive: Receive, coded: bytes, limit: int, upload: bool
 ) -> tuple[Receive, Scope]:
-    """Read the whole encoded body (bounded), decode it, and hand the route a plain body
-    under headers that no longer announce an encoding."""
+    """For a body with a `Content-Encoding` (`coded`): read it whole (bounded), decode it,
+    and hand the route a plain body under headers that no longer announce an encoding."""
+    names = encodings(coded.decode("latin-1"))
+    if not names:  # identity only
+        return receive, scope
     raw = bytearray()
     more = True
     bounded = _bounded(receive, limit, upload)

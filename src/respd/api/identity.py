@@ -17,10 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import Request
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from respd.api.errors import send_error
+from respd.api.errors import refuse
 from respd.logs import set_log_identity
 from respd.protocol.errors import APIError
 
@@ -141,47 +141,33 @@ class AuthMiddleware:
         self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "websocket":
-            await self._socket(scope, receive, send)
-            return
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
-        if not self.keys.enabled:
-            state["identity"] = ANONYMOUS_IDENTITY
-        elif scope["path"] in PUBLIC_PATHS or scope["method"] == "OPTIONS":
-            state["identity"] = ANONYMOUS_IDENTITY  # a CORS preflight carries no credentials
-        else:
-            identity = self.keys.identify(presented_key(dict(scope.get("headers") or [])))
-            if identity is None:
-                await send_error(scope, send, Unauthorized())
-                return
-            state["identity"] = identity
-        CURRENT_IDENTITY.set(state["identity"])
-        set_log_identity(state["identity"].label)
-        await self.app(scope, receive, send)
-
-    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A WebSocket presents its key on the upgrade request; without a valid one the
-        upgrade is refused (HTTP 403) before any message."""
-        identity: Identity | None = ANONYMOUS_IDENTITY
-        if self.keys.enabled:
-            identity = self.keys.identify(presented_key(dict(scope.get("headers") or [])))
+        identity = self._identity(scope)
         if identity is None:
-            await receive()  # the client's connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
+            # A WebSocket presents its key on the upgrade request, refused before any message.
+            await refuse(scope, receive, send, Unauthorized())
             return
         scope.setdefault("state", {})["identity"] = identity
         CURRENT_IDENTITY.set(identity)
         set_log_identity(identity.label)
         await self.app(scope, receive, send)
 
+    def _identity(self, scope: Scope) -> Identity | None:
+        if not self.keys.enabled:
+            return ANONYMOUS_IDENTITY
+        if scope["type"] == "http" and (
+            scope["path"] in PUBLIC_PATHS or scope["method"] == "OPTIONS"
+        ):
+            return ANONYMOUS_IDENTITY  # a CORS preflight carries no credentials
+        return self.keys.identify(presented_key(dict(scope.get("headers") or [])))
 
-def identity_of(request: Request) -> Identity:
+
+def identity_of(request: HTTPConnection) -> Identity:
     identity = getattr(request.state, "identity", None)
     return identity if isinstance(identity, Identity) else ANONYMOUS_IDENTITY
 
 
-def owner_of(request: Request) -> str:
+def owner_of(request: HTTPConnection) -> str:
     return identity_of(request).owner

@@ -13,22 +13,19 @@ Keys are checked as for HTTP, before the socket is accepted.
 
 from __future__ import annotations
 
-import json
-import logging
 from contextlib import aclosing
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from respd.api.body import parse_json
-from respd.api.identity import ANONYMOUS_IDENTITY, Identity
+from respd.api.body import load_json, validate_object
+from respd.api.identity import owner_of
 from respd.protocol.errors import APIError, InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.service import ResponsesService
 from respd.store.base import JSON
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 # Fields of a create body that mean something only over HTTP.
@@ -57,10 +54,7 @@ class SocketSession:
             await self.socket.send_json(error_event(exc))
 
     async def _create(self, raw: str | bytes) -> None:
-        try:
-            message = json.loads(raw)
-        except ValueError as exc:
-            raise InvalidRequest("The message is not valid JSON.", code="invalid_json") from exc
+        message = load_json(raw.encode() if isinstance(raw, str) else raw)
         if not isinstance(message, dict) or message.get("type") != "response.create":
             kind = message.get("type") if isinstance(message, dict) else None
             raise InvalidRequest(
@@ -81,7 +75,7 @@ class SocketSession:
                 else list(new or [])
             )
             body = {**body, "input": [*prior, *items], "previous_response_id": None}
-        req = parse_json(json.dumps(body), CreateResponseRequest, "websocket /v1/responses")
+        req = validate_object(body, CreateResponseRequest, "websocket /v1/responses")
         prepared = await self.service.prepare(req, self.owner)
         if prior:
             prepared.echo["previous_response_id"] = previous
@@ -101,10 +95,8 @@ class SocketSession:
 @router.websocket("/v1/responses")
 @router.websocket("/responses")
 async def responses_socket(socket: WebSocket) -> None:
-    identity = socket.scope.get("state", {}).get("identity", ANONYMOUS_IDENTITY)
-    owner = identity.owner if isinstance(identity, Identity) else ANONYMOUS_IDENTITY.owner
     await socket.accept()
-    session = SocketSession(socket, socket.app.state.responses, owner)
+    session = SocketSession(socket, socket.app.state.responses, owner_of(socket))
     try:
         while True:
             message = await socket.receive()

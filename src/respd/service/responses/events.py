@@ -165,7 +165,12 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 _OPEN_INPUT = re.compile(r'"input"\s*:\s*"')
-_CALL_PREFIX = {"function": "fc", "custom": "ctc", "local_shell": "lsh"}
+# Per kind of call: its item type and the prefix of its item id.
+_CALL_ITEM = {
+    "function": ("function_call", "fc"),
+    "custom": ("custom_tool_call", "ctc"),
+    "local_shell": ("local_shell_call", "lsh"),
+}
 
 
 @dataclass
@@ -196,7 +201,7 @@ class _OpenCall:
 
     def item(self, status: str) -> dict[str, Any]:
         route = self.route
-        head = {"id": self.id, "type": f"{route.kind}_call", "status": status}
+        head = {"id": self.id, "type": _CALL_ITEM[route.kind][0], "status": status}
         if route.kind == "local_shell":
             args = _json_object(self.arguments)
             command = args.get("command")
@@ -210,7 +215,7 @@ class _OpenCall:
                     action[key] = args[key]
             return {**head, "call_id": self.call_id, "action": action}
         if route.kind == "custom":
-            head = {**head, "type": "custom_tool_call", "input": self.input_text()}
+            head["input"] = self.input_text()
         else:
             head["arguments"] = self.arguments
         head.update(call_id=self.call_id, name=route.name)
@@ -472,7 +477,7 @@ class ResponseEventMachine:
         """A call begins: any text before it is closed as its own message item."""
         events = self._close_open("completed")
         route = self.routes.get(name) or ToolRoute("function", name)
-        call = _OpenCall(new_id(_CALL_PREFIX[route.kind]), new_id("call"), route, len(self.output))
+        call = _OpenCall(new_id(_CALL_ITEM[route.kind][1]), new_id("call"), route, len(self.output))
         self._call = call
         item = call.item("in_progress")
         self.output.append(item)

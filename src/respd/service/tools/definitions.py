@@ -163,19 +163,24 @@ def namespaced(namespace: str | None, name: str) -> str:
     return f"{namespace}__{name}" if namespace else name
 
 
-def _custom_tool(fields: dict[str, Any], param: str, rendered: str) -> ToolDefinition:
+def _custom_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> ToolDefinition:
     """A custom tool, shown as a function of one string, `input`, held to its format."""
-    _name(fields, param, "tool")
+    name = _name(fields, param, "tool")
     text: dict[str, Any] = {"type": "string", "description": "The tool's raw input text."}
     pattern = input_pattern(fields.get("format"), f"{param}.format")
     if pattern is not None:
         text["pattern"] = pattern
+    parameters = {"type": "object", "properties": {"input": text}, "required": ["input"]}
+    try:
+        check(parameters)
+    except SchemaRejected as exc:
+        raise _bad(
+            f"Invalid '{param}.format': the grammar cannot be enforced: {exc}.",
+            f"{param}.format",
+        ) from exc
     description = fields.get("description")
     return ToolDefinition(
-        rendered,
-        description if isinstance(description, str) else None,
-        {"type": "object", "properties": {"input": text}, "required": ["input"]},
-        True,
+        name, description if isinstance(description, str) else None, parameters, True
     )
 
 
@@ -186,23 +191,12 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
 
     def add(entry: dict[str, Any], param: str, namespace: str | None = None) -> None:
         kind = entry.get("type")
-        if kind == "function":
-            fn = _function_tool(entry, param, check)
-            rendered = namespaced(namespace, fn.name)
-            out.append(replace(fn, name=rendered))
-            routes[rendered] = ToolRoute("function", fn.name, namespace)
-        elif kind == "custom":
-            rendered = namespaced(namespace, str(entry.get("name")))
-            tool = _custom_tool(entry, param, rendered)
-            try:
-                check(tool.parameters or {})
-            except SchemaRejected as exc:
-                raise _bad(
-                    f"Invalid '{param}.format': the grammar cannot be enforced: {exc}.",
-                    f"{param}.format",
-                ) from exc
-            out.append(tool)
-            routes[rendered] = ToolRoute("custom", str(entry["name"]), namespace)
+        if kind in ("function", "custom"):
+            make = _function_tool if kind == "function" else _custom_tool
+            tool = make(entry, param, check)
+            rendered = namespaced(namespace, tool.name)
+            out.append(replace(tool, name=rendered))
+            routes[rendered] = ToolRoute(kind, tool.name, namespace)
         elif kind == LOCAL_SHELL and namespace is None:
             out.append(_LOCAL_SHELL_TOOL)
             routes[LOCAL_SHELL] = ToolRoute("local_shell", LOCAL_SHELL)

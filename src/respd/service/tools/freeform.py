@@ -187,20 +187,19 @@ class _Expansion:
             return f"(?:{atom}){t.text}"
         if t.text == "~":
             self.i += 1
-            lo = self._peek()
-            if lo is None or lo.kind != "number":
-                raise LarkRejected(f"a repetition '~' without a count in {self.where}")
-            self.i += 1
-            hi = lo.text
+            lo = hi = self._count("a repetition '~' without a count")
             if (r := self._peek()) is not None and r.kind == "range":
                 self.i += 1
-                h = self._peek()
-                if h is None or h.kind != "number":
-                    raise LarkRejected(f"a repetition '~ n..' without an end in {self.where}")
-                self.i += 1
-                hi = h.text
-            return f"(?:{atom}){{{lo.text},{hi}}}"
+                hi = self._count("a repetition '~ n..' without an end")
+            return f"(?:{atom}){{{lo},{hi}}}"
         return atom
+
+    def _count(self, missing: str) -> str:
+        t = self._peek()
+        if t is None or t.kind != "number":
+            raise LarkRejected(f"{missing} in {self.where}")
+        self.i += 1
+        return t.text
 
 
 def _string(literal: str, where: str) -> str:
