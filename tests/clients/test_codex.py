@@ -87,9 +87,10 @@ def codex(
     codex_proxy.flow = ""
 
 
-def run_codex(work: Path, prompt: str) -> subprocess.CompletedProcess[str]:
+def run_codex(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`codex exec ARGS` in `work` (the last argument: the prompt)."""
     return subprocess.run(
-        [CODEX, "exec", "--skip-git-repo-check", prompt],
+        [CODEX, "exec", "--skip-git-repo-check", *args],
         cwd=work,
         env={**os.environ, "CODEX_HOME": str(work.parent / "codex-home")},
         capture_output=True,
@@ -169,14 +170,7 @@ def test_codex_compacts_a_session_past_its_token_limit(
     catalog.write_text(json.dumps(models))
     run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
     assert (work / "out.txt").read_text() == "hello\n"
-    resume = subprocess.run(
-        [CODEX, "exec", "--skip-git-repo-check", "resume", "--last", "What is 2+2?"],
-        cwd=work,
-        env={**os.environ, "CODEX_HOME": str(work.parent / "codex-home")},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resume = run_codex(work, "resume", "--last", "What is 2+2?")
     sent = _requests(codex_proxy, "compaction")
     summaries = [
         r for r in sent if "CONTEXT CHECKPOINT COMPACTION" in json.dumps(r.body["input"][-1:])
