@@ -195,6 +195,19 @@ def test_phase_on_assistant_messages(http: httpx.Client) -> None:
         ],
     )
     assert body["output"]
+    # the stored input keeps each phase; the answer that ends the response is marked final
+    items = http.get(f"/v1/responses/{body['id']}/input_items", params={"order": "asc"}).json()
+    assert [i.get("phase") for i in items["data"]] == [None, "commentary", "final_answer", None]
+    messages = [o for o in body["output"] if o["type"] == "message"]
+    assert messages and messages[-1]["phase"] == "final_answer"
+    bad = http.post(
+        "/v1/responses",
+        json={
+            "model": MODEL_ID,
+            "input": [{"role": "assistant", "phase": "draft", "content": "x"}],
+        },
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[0].phase"
 
 
 def test_compaction(http: httpx.Client) -> None:
@@ -218,6 +231,27 @@ def test_compaction(http: httpx.Client) -> None:
     assert missing.json()["error"]["param"] == "model"
     bad = http.post("/v1/responses/compact", json={"model": MODEL_ID, "input": [{"type": "x"}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[0].type"
+
+
+def test_compaction_trigger_turn(http: httpx.Client) -> None:
+    """The history ending in `compaction_trigger` on /v1/responses (as Codex sends it): one
+    `compaction` output item in a completed stream, which then stands for the history."""
+    history = [
+        {"type": "message", "role": "user", "content": "My name is Alice and I like tea."},
+        {"type": "message", "role": "assistant", "content": "Nice to meet you, Alice."},
+    ]
+    events, final = _stream(http, input=[*history, {"type": "compaction_trigger"}], store=False)
+    assert final["status"] == "completed"
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["compaction"] and done[0]["encrypted_content"]
+    assert [o["type"] for o in final["output"]] == ["compaction"]
+    body = _post(http, input=[history[0], done[0], {"role": "user", "content": "Go on."}])
+    assert finished(body)
+    late = http.post(
+        "/v1/responses",
+        json={"model": MODEL_ID, "input": [{"type": "compaction_trigger"}, *history]},
+    )
+    assert late.status_code == 400 and late.json()["error"]["param"] == "input[0]"
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
+from openai.types.responses import ResponseStreamEvent
 
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
@@ -20,7 +21,7 @@ from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.background import BackgroundJobs
-from respd.service.responses.compaction import Compactor, CompactRequest
+from respd.service.responses.compaction import Compactor, CompactRequest, compaction_turn
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.service import PreparedResponse, ResponsesService
 from respd.service.responses.stored import StoredResponses
@@ -59,10 +60,15 @@ def _sse(
     )
 
 
+async def _drain(events: AsyncGenerator[Any, None]) -> None:
+    async with aclosing(events):
+        async for _ in events:
+            pass
+
+
 async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
     machine = prepared.machine()
-    async for _ in service.respond(prepared, machine):
-        pass
+    await _drain(service.respond(prepared, machine))
     return machine
 
 
@@ -74,6 +80,10 @@ async def create_response(request: Request) -> Response:
     if body.stream:
         with stream_slot(request) as release:
             return await _create_stream(request, service, body, release)
+    if compaction_turn(body.input):
+        run = await Compactor(service).start(body, owner_of(request))
+        await until_disconnect(request, _drain(run.events))
+        return JSONResponse(wire(run.machine.snapshot()))
     prepared = await service.prepare(body, owner_of(request))
     if body.background:
         job = await _jobs(request).start(prepared)
@@ -91,12 +101,16 @@ async def _create_stream(
     body: CreateResponseRequest,
     release: Callable[[], None],
 ) -> EventStreamResponse:
-    prepared = await service.prepare(body, owner_of(request))
-    if body.background:
-        job = await _jobs(request).start(prepared)
-        # A background stream outlives its client: disconnecting stops only the follow.
-        return _sse(request, job.follow(after=-1), release)
-    stream = service.respond(prepared)  # admission errors (503) surface before any SSE
+    stream: AsyncGenerator[ResponseStreamEvent, None]
+    if compaction_turn(body.input):
+        stream = (await Compactor(service).start(body, owner_of(request))).events
+    else:
+        prepared = await service.prepare(body, owner_of(request))
+        if body.background:
+            job = await _jobs(request).start(prepared)
+            # A background stream outlives its client: disconnecting stops only the follow.
+            return _sse(request, job.follow(after=-1), release)
+        stream = service.respond(prepared)  # admission errors (503) surface before any SSE
 
     async def events() -> AsyncGenerator[dict[str, Any], None]:
         async with aclosing(stream):

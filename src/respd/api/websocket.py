@@ -23,7 +23,8 @@ from respd.api.identity import owner_of
 from respd.protocol.errors import APIError, InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
-from respd.service.responses.service import ResponsesService
+from respd.service.responses.compaction import Compactor, compaction_turn
+from respd.service.responses.service import ResponsesService, Turn
 from respd.store.base import JSON
 
 router = APIRouter()
@@ -76,17 +77,23 @@ class SocketSession:
             )
             body = {**body, "input": [*prior, *items], "previous_response_id": None}
         req = validate_object(body, CreateResponseRequest, "websocket /v1/responses")
-        prepared = await self.service.prepare(req, self.owner)
+        turn: Turn
+        if compaction_turn(req.input):
+            run = await Compactor(self.service).start(req, self.owner)
+            turn, machine, stream = run.turn, run.machine, run.events
+        else:
+            prepared = await self.service.prepare(req, self.owner)
+            machine = prepared.machine()
+            turn, stream = prepared, self.service.respond(prepared, machine)
         if prior:
-            prepared.echo["previous_response_id"] = previous
-        machine = prepared.machine()
-        async with aclosing(self.service.respond(prepared, machine)) as events:
+            machine.echo["previous_response_id"] = previous
+        async with aclosing(stream) as events:
             async for event in events:
                 await self.socket.send_json(wire(event))
         # A stored response is continued from the store like over HTTP; an unstored one
         # only from here.
-        if not prepared.stored and machine.status in ("completed", "incomplete"):
-            history = [*prepared.history.items, *prepared.input_items, *machine.output]
+        if not turn.stored and machine.status in ("completed", "incomplete"):
+            history = [*turn.history.items, *turn.input_items, *machine.output]
             self.histories[machine.id] = history
             while len(self.histories) > MAX_CACHED:
                 self.histories.pop(next(iter(self.histories)))

@@ -15,13 +15,18 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from openai.types.chat import ChatCompletion
 from openai.types.conversations import Conversation
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from respd.api.app import create_app
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
+from respd.service.sealing import Sealer
+from respd.store import MemoryStore
+from tests.clients.capture import FIXTURE_STATE_KEY
 
 # The model id the clients asked for (the default model's).
 CLIENT_MODEL = "smollm2-135m-instruct"
@@ -65,6 +70,12 @@ def script() -> Script:
 def engine(script: Script) -> FakeEngine:
     # Codex's prompts are long, and the fake tokenizer counts every character.
     return FakeEngine(respond=script.respond, model_id=CLIENT_MODEL, context_window=1 << 20)
+
+
+@pytest.fixture()
+def app(engine: FakeEngine) -> FastAPI:
+    # the recording server's key: the sealed items clients hand back open here too
+    return create_app(engine, MemoryStore(), sealer=Sealer.from_secret(FIXTURE_STATE_KEY))
 
 
 def test_every_client_left_fixtures() -> None:

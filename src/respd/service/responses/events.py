@@ -369,11 +369,13 @@ class ResponseEventMachine:
         )
         return events
 
-    def _close_text(self, item_status: str) -> list[ResponseStreamEvent]:
+    def _close_text(self, item_status: str, phase: str | None = None) -> list[ResponseStreamEvent]:
         t = self._text
         assert t is not None
         self._text = None
         item = t.item(item_status)
+        if t.kind == "message" and phase is not None:
+            item["phase"] = phase
         if t.kind == "reasoning" and self.seal_reasoning is not None:
             item["encrypted_content"] = self.seal_reasoning(t.text)
         summary = (
@@ -464,9 +466,11 @@ class ResponseEventMachine:
         `response.reasoning_text.delta` (never `output_text`)."""
         return self._text_delta("reasoning", delta, []) if delta else []
 
-    def _close_open(self, status: str) -> list[ResponseStreamEvent]:
+    def _close_open(self, status: str, phase: str | None = None) -> list[ResponseStreamEvent]:
+        """Close the open item; a message closed by a call is `commentary`, one closed by
+        the end of the response its `final_answer` (`phase`)."""
         if self._text is not None:
-            return self._close_text(status)
+            return self._close_text(status, phase)
         if self._call is not None:
             return self.function_call_done(self._call.arguments, complete=status == "completed")
         return []
@@ -475,7 +479,7 @@ class ResponseEventMachine:
 
     def function_call_start(self, name: str) -> list[ResponseStreamEvent]:
         """A call begins: any text before it is closed as its own message item."""
-        events = self._close_open("completed")
+        events = self._close_open("completed", "commentary")
         route = self.routes.get(name) or ToolRoute("function", name)
         call = _OpenCall(new_id(_CALL_ITEM[route.kind][1]), new_id("call"), route, len(self.output))
         self._call = call
@@ -585,6 +589,18 @@ class ResponseEventMachine:
             events += self.function_call_done(event.arguments, complete=event.complete)
         return events
 
+    def whole_item(self, item: dict[str, Any]) -> list[ResponseStreamEvent]:
+        """An item made in one piece (a compaction): announced and finished at once."""
+        events = self._close_open("completed")
+        index = len(self.output)
+        self.output.append(item)
+        for cls, kind in (
+            (ResponseOutputItemAddedEvent, "response.output_item.added"),
+            (ResponseOutputItemDoneEvent, "response.output_item.done"),
+        ):
+            events.append(self._event(cls, type=kind, output_index=index, item=item))
+        return events
+
     def apply_all(self, events: list[OutputEvent]) -> list[ResponseStreamEvent]:
         return [out for event in events for out in self.apply(event)]
 
@@ -614,12 +630,12 @@ class ResponseEventMachine:
         self.usage = usage
         incomplete = incomplete or incomplete_reason is not None
         item_status = "incomplete" if incomplete else "completed"
-        events = self._close_open(item_status)
+        events = self._close_open(item_status, "final_answer")
         # An empty answer is still one (empty) message; a budget spent while thinking
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
         if not self.output or not (answered or incomplete):
-            events += self._open_text("message") + self._close_text(item_status)
+            events += self._open_text("message") + self._close_text(item_status, "final_answer")
         if incomplete:
             self.status = "incomplete"
             self.incomplete_reason = incomplete_reason

@@ -43,17 +43,29 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 @dataclass
-class PreparedResponse:
-    """Everything needed to run a response, computed before the first event."""
+class Turn:
+    """A response's place in the stored state: who asked, what it continues and what
+    its input adds."""
 
     request: CreateResponseRequest
-    generation: PreparedGeneration
-    echo: dict[str, Any]
     owner: str
     input_items: list[JSON]  # this turn's input, normalised, with ids
     history: History
-    routes: dict[str, ToolRoute] = field(default_factory=dict)
-    sealer: Sealer | None = None  # set when reasoning is to carry `encrypted_content`
+
+    @property
+    def stored(self) -> bool:
+        return self.request.store is not False
+
+
+@dataclass
+class PreparedResponse(Turn):
+    """Everything needed to run a response, computed before the first event."""
+
+    generation: PreparedGeneration = field(kw_only=True)
+    echo: dict[str, Any] = field(kw_only=True)
+    routes: dict[str, ToolRoute] = field(default_factory=dict, kw_only=True)
+    # set when reasoning is to carry `encrypted_content`
+    sealer: Sealer | None = field(default=None, kw_only=True)
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
         """The event machine for this response: its echo, how its calls map back, whether
@@ -78,10 +90,6 @@ class PreparedResponse:
     def messages(self) -> list[ChatMessage]:
         """The conversation the prompt holds (after truncation)."""
         return self.generation.prompt.messages
-
-    @property
-    def stored(self) -> bool:
-        return self.request.store is not False
 
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -166,6 +174,19 @@ def build_echo(
     }
 
 
+def request_sampling(req: CreateResponseRequest, default_max_tokens: int | None) -> SamplingParams:
+    return build_sampling(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        max_tokens=req.max_output_tokens,
+        max_tokens_param="max_output_tokens",
+        default_max_tokens=default_max_tokens,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+    )
+
+
 def _check_state_params(req: CreateResponseRequest) -> None:
     if req.background and req.store is False:
         raise InvalidRequest(
@@ -207,16 +228,7 @@ class ResponsesService:
         check_metadata(req.metadata)
         _reject_unimplemented(req)
         _check_state_params(req)
-        sampling = build_sampling(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            max_tokens=req.max_output_tokens,
-            max_tokens_param="max_output_tokens",
-            default_max_tokens=self.default_max_tokens,
-            seed=req.seed,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-        )
+        sampling = request_sampling(req, self.default_max_tokens)
         sampling.logprobs = responses_logprobs(req)
         offered = responses_tools(req.tools, engine.check_schema)
         if offered.omitted:
@@ -258,13 +270,13 @@ class ResponsesService:
         echo = build_echo(req, sampling, engine, history.conversation_id)
         return PreparedResponse(
             req,
-            generation,
-            echo,
             owner,
             normalize_items(req.input),
             history,
-            offered.routes,
-            self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
+            generation=generation,
+            echo=echo,
+            routes=offered.routes,
+            sealer=self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
         )
 
     async def conversation(
@@ -296,7 +308,7 @@ class ResponsesService:
     def _lowering(engine: Engine, media: dict[str, Any]) -> Lowering:
         return Lowering(engine.model_id, engine.vision, engine.profile.media_marker, media)
 
-    def record(self, prepared: PreparedResponse, machine: ResponseEventMachine) -> ResponseRecord:
+    def record(self, prepared: Turn, machine: ResponseEventMachine) -> ResponseRecord:
         return ResponseRecord(
             id=machine.id,
             owner=prepared.owner,
@@ -311,7 +323,7 @@ class ResponsesService:
 
     async def persist(
         self,
-        prepared: PreparedResponse,
+        prepared: Turn,
         machine: ResponseEventMachine,
         events: list[JSON] | None = None,
     ) -> None:

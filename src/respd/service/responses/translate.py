@@ -21,6 +21,8 @@ _NOT_YET_ITEMS = {
     "item_reference": "stored items",
 }
 SUMMARY_HEADER = "A summary of the conversation so far:"
+# What an assistant message's `phase` may say (a preamble before calls, or the answer).
+PHASES = (None, "commentary", "final_answer")
 # The record of a hosted tool's work in an earlier turn (OpenAI ran it; a client replays
 # it). This server runs none of them, so the model is not shown what it cannot use.
 _HOSTED_CALL_ITEMS = frozenset(
@@ -107,6 +109,13 @@ def input_to_messages(
             if "content" not in item:
                 raise MissingParameter(f"{param}.content")
             role = _role(item["role"], f"{param}.role")
+            if item.get("phase") not in PHASES:
+                raise InvalidRequest(
+                    f"Invalid value for '{param}.phase': expected 'commentary' or "
+                    f"'final_answer', got {item['phase']!r}.",
+                    param=f"{param}.phase",
+                    code="invalid_value",
+                )
             messages += lower_message(role, item["content"], f"{param}.content", low)
         elif kind == "function_call":
             _function_call(item, param, messages)
@@ -118,7 +127,9 @@ def input_to_messages(
             _function_call_output(item, param, messages, low=low, prior=prior or [])
         elif kind == "local_shell_call_output":
             _local_shell_output(item, param, messages, prior=prior or [])
-        elif kind in _HOSTED_CALL_ITEMS:
+        elif kind in _HOSTED_CALL_ITEMS or kind == "compaction_trigger":
+            # a trigger is met only in a stored compaction turn's input: its output (the
+            # compaction item) follows it and stands for what it asked
             continue
         elif kind == "reasoning":
             text = _reasoning_text(item, param, sealer)

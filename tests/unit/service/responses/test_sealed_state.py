@@ -165,6 +165,84 @@ async def test_compaction_errors(
         assert r.json()["error"]["param"] == param
 
 
+async def test_a_compaction_trigger_makes_a_response_of_one_compaction_item(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    """Codex's way: the history, then `compaction_trigger`, on /v1/responses; the stream
+    holds exactly one output item, the compaction, and ends `completed`."""
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"type": "compaction_trigger"},
+    ]
+    r = await _post(http, "/v1/responses", input=history, stream=True, store=False)
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        strict_event(event)
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["compaction"]
+    assert [e["type"] for e in events][-1] == "response.completed"
+    final = strict_response(events[-1]["response"])
+    assert [o.type for o in final.output] == ["compaction"] and final.usage is not None
+    assert final.usage.output_tokens > 0
+    transcript = engine.calls[-1].prompt.request.messages[-1].content
+    assert "user: hi" in transcript and "Hello!" in transcript
+    # Codex keeps its user messages and the item; the item opens into the summary
+    item = done[0]
+    r = await _post(
+        http, "/v1/responses", input=[{"role": "user", "content": "hi"}, item], store=False
+    )
+    assert r.status_code == 200, r.text
+    prompt = engine.calls[-1].prompt.request.messages
+    assert prompt[-1].content == f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted."
+
+
+async def test_a_stored_compaction_turn_is_retrieved_and_continued(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    first = (await _post(http, "/v1/responses", input="hi")).json()
+    r = await _post(
+        http,
+        "/v1/responses",
+        previous_response_id=first["id"],
+        input=[{"type": "compaction_trigger"}],
+    )
+    assert r.status_code == 200, r.text
+    compacted = strict_response(r.json())
+    assert compacted.status == "completed" and [o.type for o in compacted.output] == ["compaction"]
+    got = strict_response((await http.get(f"/v1/responses/{compacted.id}")).json())
+    assert got.output[0].id == compacted.output[0].id
+    r = await _post(http, "/v1/responses", previous_response_id=compacted.id, input="next")
+    assert r.status_code == 200, r.text
+    contents = [m.content for m in engine.calls[-1].prompt.request.messages]
+    assert any(c.startswith(SUMMARY_HEADER) for c in contents) and contents[-1] == "next"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": [{"type": "compaction_trigger"}, {"role": "user", "content": "x"}]}, "input[0]"),
+        ({"input": ["x", {"type": "compaction_trigger"}]}, "input"),
+        (
+            {
+                "input": [{"role": "user", "content": "x"}, {"type": "compaction_trigger"}],
+                "background": True,
+            },
+            "background",
+        ),
+        ({"input": [{"type": "compaction_trigger"}]}, "input"),
+    ],
+)
+async def test_compaction_turn_errors_run_nothing_and_store_nothing(
+    http: httpx.AsyncClient, engine: FakeEngine, body: dict[str, Any], param: str
+) -> None:
+    r = await _post(http, "/v1/responses", stream=True, **body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    assert engine.calls == []
+
+
 async def test_reasoning_summary_parts_and_their_events(http: httpx.AsyncClient) -> None:
     r = await _post(
         http, "/v1/responses", input="hi", stream=True, reasoning={"summary": "detailed"}

@@ -46,6 +46,7 @@ def test_text_before_calls_is_its_own_message_and_indices_are_contiguous() -> No
     final = strict_response(wire[-1]["response"])
     assert [o.type for o in final.output] == ["message", "function_call", "function_call"]
     assert final.output_text == "Checking both."
+    assert final.output[0].type == "message" and final.output[0].phase == "commentary"
     calls = final.output[1:]
     assert [(c.name, c.arguments) for c in calls] == [("a", '{"x": 1}'), ("b", '{"y": "two"}')]
     assert len({c.call_id for c in calls}) == 2
@@ -78,3 +79,11 @@ def test_cut_off_call_is_incomplete() -> None:
     final = events[-1].response  # type: ignore[union-attr]
     assert final.status == "incomplete"
     assert final.output[0].type == "function_call" and final.output[0].status == "incomplete"
+
+
+def test_a_message_that_ends_the_response_is_its_final_answer() -> None:
+    wire, _ = _run("Just text.", 3)
+    final = strict_response(wire[-1]["response"])
+    assert final.output[0].type == "message" and final.output[0].phase == "final_answer"
+    (done,) = [e for e in wire if e["type"] == "response.output_item.done"]
+    assert done["item"]["phase"] == "final_answer"
