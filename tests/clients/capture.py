@@ -27,6 +27,10 @@ from starlette.routing import Route
 
 from tests.servers import free_port
 
+# The state key of a server whose answers become fixtures: sealed items a client hands back
+# (compaction, encrypted reasoning) open again when the unit tests replay them.
+FIXTURE_STATE_KEY = "respd client fixtures"
+
 # The first object id in an answer: a JSON object's own, or the response in the first event.
 _ID = re.compile(rb'"id"\s*:\s*"((?:resp|conv|file|msg|fc)[-_][A-Za-z0-9_-]+)"')
 _CALL_ID = re.compile(rb'"call_id"\s*:\s*"([^"]+)"')

@@ -1,7 +1,8 @@
 """OpenAI's Codex CLI (`@openai/codex` from npm, its binary inside the package) driving
-respd as a custom Responses provider: `codex exec` turns that answer, run a shell command
-through its `exec_command` function tool, and edit a file through its freeform
-`apply_patch` custom tool (a Lark grammar).
+respd as a custom Responses provider: `codex exec` sessions that answer, run a shell
+command through its `exec_command` function tool, edit a file through its freeform
+`apply_patch` custom tool (a Lark grammar), and compact a resumed session server-side
+(`compaction_trigger`). Each session must end normally (exit status 0).
 
 Codex is configured as the README shows (tests/clients/codex): a model catalog entry for
 the default model (its context window, a short instruction text, the freeform
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.capture import Captured, CaptureProxy, RunningProxy
+from tests.clients.capture import FIXTURE_STATE_KEY, Captured, CaptureProxy, RunningProxy
 from tests.clients.conftest import NODE_DIR, save_fixtures
 from tests.servers import RespdServer, start_server
 
@@ -47,6 +48,8 @@ def codex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServ
         "200",
         "--data-dir",
         str(tmp_path_factory.mktemp("respd-codex-data")),
+        "--state-key",
+        FIXTURE_STATE_KEY,
     )
     yield srv
     srv.stop()
@@ -137,7 +140,8 @@ def test_codex_runs_a_shell_command(
     codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
 ) -> None:
     work, _ = codex
-    run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
+    done = run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
+    assert done.returncode == 0, done.stderr[-4000:]  # the session ended normally
     assert (work / "out.txt").read_text() == "hello\n"  # Codex ran the call respd returned
     sent = _requests(codex_proxy, "exec-command")
     assert len(sent) >= 2
@@ -149,7 +153,8 @@ def test_codex_applies_a_patch_through_its_freeform_tool(
     codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
 ) -> None:
     work, _ = codex
-    run_codex(work, f"Reply with exactly this and nothing else:\n{_call(APPLY, lines=True)}")
+    done = run_codex(work, f"Reply with exactly this and nothing else:\n{_call(APPLY, lines=True)}")
+    assert done.returncode == 0, done.stderr[-4000:]
     assert (work / "hello.txt").read_text() == "hello\n"
     sent = _requests(codex_proxy, "apply-patch")
     assert len(sent) >= 2
@@ -160,21 +165,26 @@ def test_codex_applies_a_patch_through_its_freeform_tool(
 def test_codex_compacts_a_session_past_its_token_limit(
     codex: tuple[Path, list[Captured]], codex_proxy: CaptureProxy
 ) -> None:
-    """With a tiny auto-compaction limit, the second turn of a session starts with Codex's
-    own compaction: for a provider other than OpenAI it asks the model for a summary with
-    an ordinary Responses request, which respd serves like any other."""
+    """A session with a tool call, then a resumed turn past a tiny auto-compaction limit:
+    Codex compacts before the turn by sending the history with a final
+    `compaction_trigger` item, installs the one `compaction` item respd streams back in
+    place of the history, and answers on from it."""
     work, _ = codex
+    first = run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert (work / "out.txt").read_text() == "hello\n"
     catalog = work.parent / "codex-home" / "models.json"
     models = json.loads(catalog.read_text())
     models["models"][0]["auto_compact_token_limit"] = 50
     catalog.write_text(json.dumps(models))
-    run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
-    assert (work / "out.txt").read_text() == "hello\n"
     resume = run_codex(work, "resume", "--last", "What is 2+2?")
+    assert resume.returncode == 0, resume.stderr[-4000:]
+    assert "context compacted" in resume.stderr
     sent = _requests(codex_proxy, "compaction")
-    summaries = [
-        r for r in sent if "CONTEXT CHECKPOINT COMPACTION" in json.dumps(r.body["input"][-1:])
-    ]
-    assert summaries, resume.stderr[-3000:]
-    # the history it asked to summarise is the first turn's, tool call and output included
-    assert {"function_call", "function_call_output"} <= set(_input_types(summaries[0]))
+    triggers = [r for r in sent if _input_types(r)[-1] == "compaction_trigger"]
+    assert len(triggers) == 1
+    # the history it asked to compact is the first turn's, tool call and output included
+    assert {"function_call", "function_call_output"} <= set(_input_types(triggers[0]))
+    after = sent[sent.index(triggers[0]) + 1]
+    assert "compaction" in _input_types(after)  # the item respd made, given back
+    assert "function_call" not in _input_types(after)
