@@ -158,3 +158,26 @@ def test_grammars_it_cannot_hold_are_400s_naming_why(
     with pytest.raises(openai.BadRequestError) as exc:
         client.responses.create(model=MODEL_ID, input="x", tools=[tool])  # type: ignore[list-item]
     assert construct in exc.value.message
+
+
+@pytest.mark.parametrize("kind", ["shell", "apply_patch"])
+def test_a_forced_client_tool_call_comes_back_as_its_item(client: openai.OpenAI, kind: str) -> None:
+    """OpenAI's client-run `shell` and `apply_patch` tools: forced, the model's call is
+    held to the tool's arguments and comes back as a `shell_call` / `apply_patch_call`."""
+    r = strict_response(
+        client.responses.create(
+            model=MODEL_ID,
+            input="List the files here, then create notes.txt saying hi.",
+            tools=[{"type": kind}],  # type: ignore[list-item]
+            tool_choice={"type": kind},  # type: ignore[typeddict-item]
+            max_output_tokens=120,
+        ).model_dump(mode="json", exclude_unset=True, by_alias=True)
+    )
+    calls = [o for o in r.output if o.type == f"{kind}_call"]
+    assert calls, r.output
+    call = calls[0]
+    if call.type == "shell_call":
+        assert isinstance(call.action.commands, list)
+    else:
+        assert call.type == "apply_patch_call"
+        assert call.operation.type in ("create_file", "update_file", "delete_file")

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseApplyPatchToolCall,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -27,6 +28,7 @@ from openai.types.responses import (
     ResponseFailedEvent,
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
+    ResponseFunctionShellToolCall,
     ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
@@ -170,6 +172,15 @@ _CALL_ITEM = {
     "function": ("function_call", "fc"),
     "custom": ("custom_tool_call", "ctc"),
     "local_shell": ("local_shell_call", "lsh"),
+    "shell": ("shell_call", "sh"),
+    "apply_patch": ("apply_patch_call", "apc"),
+}
+_PATCH_OPERATIONS = ("create_file", "update_file", "delete_file")
+# The item classes of the client-run tools' calls, which finish without argument events.
+_CLIENT_CALL_TYPES: dict[str, type[BaseModel]] = {
+    "local_shell": LocalShellCall,
+    "shell": ResponseFunctionShellToolCall,
+    "apply_patch": ResponseApplyPatchToolCall,
 }
 
 
@@ -199,8 +210,23 @@ class _OpenCall:
             return partial if isinstance(partial, str) else ""
         return ""
 
+    def patch_operation(self) -> dict[str, Any]:
+        """An apply_patch call's `operation`, whole even when the model's arguments are not
+        (a cut call, an unknown operation type): the client reads its path and diff."""
+        args = _json_object(self.arguments)
+        kind = args.get("type")
+        op: dict[str, Any] = {
+            "type": kind if kind in _PATCH_OPERATIONS else "update_file",
+            "path": str(args.get("path") or ""),
+        }
+        if op["type"] != "delete_file":
+            op["diff"] = str(args.get("diff") or "")
+        return {"operation": op}
+
     def item(self, status: str) -> dict[str, Any]:
         route = self.route
+        if route.kind == "apply_patch" and status != "completed":
+            status = "in_progress"  # the item type knows no other unfinished state
         head = {"id": self.id, "type": _CALL_ITEM[route.kind][0], "status": status}
         if route.kind == "local_shell":
             args = _json_object(self.arguments)
@@ -214,6 +240,18 @@ class _OpenCall:
                 if args.get(key) is not None:
                     action[key] = args[key]
             return {**head, "call_id": self.call_id, "action": action}
+        if route.kind == "shell":
+            args = _json_object(self.arguments)
+            commands = args.get("commands")
+            timeout = args.get("timeout_ms")
+            action = {
+                "commands": [str(c) for c in commands] if isinstance(commands, list) else [],
+                "timeout_ms": timeout if isinstance(timeout, int) else None,
+                "max_output_length": None,
+            }
+            return {**head, "call_id": self.call_id, "action": action}
+        if route.kind == "apply_patch":
+            return {**head, "status": status, "call_id": self.call_id, **self.patch_operation()}
         if route.kind == "custom":
             head["input"] = self.input_text()
         else:
@@ -560,7 +598,7 @@ class ResponseEventMachine:
             )
             done = ResponseCustomToolCall.model_validate(item)
         else:
-            done = LocalShellCall.model_validate(item)
+            done = _CLIENT_CALL_TYPES[call.route.kind].model_validate(item)
         events.append(
             self._event(
                 ResponseOutputItemDoneEvent,

@@ -13,7 +13,7 @@ from respd.engines.base import ChatMessage, ToolCall
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
 from respd.service.sealing import Sealer, Unsealable
-from respd.service.tools.definitions import LOCAL_SHELL, namespaced
+from respd.service.tools.definitions import APPLY_PATCH, LOCAL_SHELL, SHELL, namespaced
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 # Item types that a later piece of work implements; until then they are a named 400.
@@ -127,6 +127,16 @@ def input_to_messages(
             _function_call_output(item, param, messages, low=low, prior=prior or [])
         elif kind == "local_shell_call_output":
             _local_shell_output(item, param, messages, prior=prior or [])
+        elif kind == "shell_call":
+            _shell_call(item, param, messages)
+        elif kind == "apply_patch_call":
+            _apply_patch_call(item, param, messages)
+        elif kind == "shell_call_output":
+            text = _shell_output_text(item, param)
+            _client_output(item, param, messages, prior or [], SHELL, text)
+        elif kind == "apply_patch_call_output":
+            text = f"{item.get('status') or 'completed'}: {item.get('output') or ''}".strip()
+            _client_output(item, param, messages, prior or [], APPLY_PATCH, text)
         elif kind in _HOSTED_CALL_ITEMS or kind == "compaction_trigger":
             # a trigger is met only in a stored compaction turn's input: its output (the
             # compaction item) follows it and stands for what it asked
@@ -215,6 +225,62 @@ def _local_shell_output(
     if not isinstance(output, str):
         raise MissingParameter(f"{param}.output")
     messages.append(ChatMessage("tool", output, tool_call_id=match.id, name=LOCAL_SHELL))
+
+
+def _shell_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    action = item.get("action")
+    if not isinstance(action, dict) or not isinstance(action.get("commands"), list):
+        raise MissingParameter(f"{param}.action.commands")
+    args = {k: v for k, v in action.items() if k in ("commands", "timeout_ms") and v is not None}
+    call_id = _required_str(item, "call_id", param)
+    _add_call(ToolCall(call_id, SHELL, json.dumps(args)), messages)
+
+
+def _apply_patch_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    operation = item.get("operation")
+    if not isinstance(operation, dict):
+        raise MissingParameter(f"{param}.operation")
+    args = {k: v for k, v in operation.items() if k in ("type", "path", "diff")}
+    call_id = _required_str(item, "call_id", param)
+    _add_call(ToolCall(call_id, APPLY_PATCH, json.dumps(args)), messages)
+
+
+def _shell_output_text(item: dict[str, Any], param: str) -> str:
+    """What the commands printed, each chunk's stdout, stderr and how it ended."""
+    chunks = item.get("output")
+    if not isinstance(chunks, list):
+        raise MissingParameter(f"{param}.output")
+    parts: list[str] = []
+    for chunk in chunks:
+        if not isinstance(chunk, dict):
+            continue
+        parts += [str(chunk[k]) for k in ("stdout", "stderr") if chunk.get(k)]
+        outcome = chunk.get("outcome")
+        if isinstance(outcome, dict) and outcome.get("type") == "timeout":
+            parts.append("[timed out]")
+        elif isinstance(outcome, dict) and outcome.get("exit_code") is not None:
+            parts.append(f"[exit code {outcome['exit_code']}]")
+    return "\n".join(parts)
+
+
+def _client_output(
+    item: dict[str, Any],
+    param: str,
+    messages: list[ChatMessage],
+    prior: list[ChatMessage],
+    tool: str,
+    text: str,
+) -> None:
+    """A client-run tool's result, for the call of that tool it names by `call_id`."""
+    call_id = _required_str(item, "call_id", param)
+    calls = {c.id for m in (*prior, *messages) for c in m.tool_calls if c.name == tool}
+    if call_id not in calls:
+        raise InvalidRequest(
+            f"No {tool} call found with call_id {call_id!r}.",
+            param=f"{param}.call_id",
+            code="invalid_value",
+        )
+    messages.append(ChatMessage("tool", text, tool_call_id=call_id, name=tool))
 
 
 def _add_call(call: ToolCall, messages: list[ChatMessage]) -> None:

@@ -95,7 +95,7 @@ def _check_unique(tools: list[ToolDefinition], param: str) -> list[ToolDefinitio
     return tools
 
 
-CallKind = Literal["function", "custom", "local_shell"]
+CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch"]
 
 
 @dataclass(frozen=True)
@@ -134,28 +134,65 @@ HOSTED_TOOLS = frozenset(
         "computer_use_preview",
         "computer",
         "tool_search",
-        "shell",
-        "apply_patch",
     }
 )
 LOCAL_SHELL = "local_shell"
-_LOCAL_SHELL_TOOL = ToolDefinition(
-    LOCAL_SHELL,
-    "Run a command on the user's machine and get its output.",
-    {
-        "type": "object",
-        "properties": {
-            "command": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": 'The program and its arguments, e.g. ["ls", "-la"].',
+SHELL = "shell"
+APPLY_PATCH = "apply_patch"
+# The client-run tools of fixed shape: each shown as a function of its own name, its call
+# coming back as the tool's own item (`local_shell_call`, `shell_call`, `apply_patch_call`).
+CLIENT_TOOLS: dict[str, ToolDefinition] = {
+    LOCAL_SHELL: ToolDefinition(
+        LOCAL_SHELL,
+        "Run a command on the user's machine and get its output.",
+        {
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": 'The program and its arguments, e.g. ["ls", "-la"].',
+                },
+                "working_directory": {"type": "string"},
+                "timeout_ms": {"type": "integer"},
             },
-            "working_directory": {"type": "string"},
-            "timeout_ms": {"type": "integer"},
+            "required": ["command"],
         },
-        "required": ["command"],
-    },
-)
+    ),
+    SHELL: ToolDefinition(
+        SHELL,
+        "Run shell commands on the user's machine, one after another, and get their output.",
+        {
+            "type": "object",
+            "properties": {
+                "commands": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": 'Shell command lines, e.g. ["ls -la", "cat notes.txt"].',
+                },
+                "timeout_ms": {"type": "integer"},
+            },
+            "required": ["commands"],
+        },
+    ),
+    APPLY_PATCH: ToolDefinition(
+        APPLY_PATCH,
+        "Create, update or delete one file. `diff` is the new file's lines each prefixed "
+        "with '+' (create_file), or a unified diff of the change (update_file).",
+        {
+            "type": "object",
+            "properties": {
+                "type": {"type": "string", "enum": ["create_file", "update_file", "delete_file"]},
+                "path": {"type": "string"},
+                "diff": {"type": "string"},
+            },
+            "required": ["type", "path"],
+        },
+    ),
+}
+# A shell in a container OpenAI runs is a hosted tool; one without (or `local`) is the
+# client's.
+_HOSTED_SHELL_ENVIRONMENTS = frozenset({"container_auto", "container_reference"})
 
 
 def namespaced(namespace: str | None, name: str) -> str:
@@ -184,6 +221,11 @@ def _custom_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> Tool
     )
 
 
+def _environment(entry: dict[str, Any]) -> Any:
+    env = entry.get("environment")
+    return env.get("type") if isinstance(env, dict) else None
+
+
 def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> ResponseTools:
     out: list[ToolDefinition] = []
     routes: dict[str, ToolRoute] = {}
@@ -197,9 +239,11 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
             rendered = namespaced(namespace, tool.name)
             out.append(replace(tool, name=rendered))
             routes[rendered] = ToolRoute(kind, tool.name, namespace)
-        elif kind == LOCAL_SHELL and namespace is None:
-            out.append(_LOCAL_SHELL_TOOL)
-            routes[LOCAL_SHELL] = ToolRoute("local_shell", LOCAL_SHELL)
+        elif kind == SHELL and _environment(entry) in _HOSTED_SHELL_ENVIRONMENTS:
+            omitted.append(f"shell ({_environment(entry)})")
+        elif kind in CLIENT_TOOLS and namespace is None:
+            out.append(CLIENT_TOOLS[kind])
+            routes[kind] = ToolRoute(kind, kind)
         elif kind == "namespace" and namespace is None:
             name, inner = _name(entry, param, "namespace"), entry.get("tools")
             if not isinstance(inner, list):
@@ -300,8 +344,8 @@ def _as_function_choice(entry: Any, param: str) -> Any:
     kind = entry.get("type")
     if kind in ("function", "custom") and isinstance(entry.get("name"), str):
         return {"type": "function", "name": namespaced(entry.get("namespace"), entry["name"])}
-    if kind == LOCAL_SHELL:
-        return {"type": "function", "name": LOCAL_SHELL}
+    if kind in CLIENT_TOOLS:
+        return {"type": "function", "name": kind}
     if kind in HOSTED_TOOLS or (isinstance(kind, str) and kind.startswith("web_search")):
         raise Unsupported(
             f"A '{kind}' tool cannot be chosen: this server does not run hosted tools.",

@@ -34,7 +34,10 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "local_shell"},
     {"type": "web_search", "external_web_access": False},
     {"type": "image_generation"},
+    {"type": "shell", "environment": {"type": "container_auto"}},
 ]
+# OpenAI's client-run shell and file-edit tools (without a container, the client runs them).
+CLIENT_TOOLS = [{"type": "shell", "environment": {"type": "local"}}, {"type": "apply_patch"}]
 
 
 class Caller:
@@ -257,3 +260,67 @@ async def test_bad_tools_are_400s_naming_the_field(
     r = await http.post("/v1/responses", json={"model": FAKE_MODEL, "input": "hi", **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+async def test_shell_and_apply_patch_calls_come_back_as_their_own_items(
+    http: httpx.AsyncClient, caller: Caller, engine: FakeEngine
+) -> None:
+    caller.name, caller.arguments = "shell", {"commands": ["ls -la"], "timeout_ms": 5000}
+    events = await _stream(http, input="list", tools=CLIENT_TOOLS)
+    assert _shown(engine) == ["shell", "apply_patch"]
+    final = strict_response(events[-1]["response"])
+    (call,) = final.output
+    assert call.type == "shell_call" and call.action.commands == ["ls -la"]
+    assert call.action.timeout_ms == 5000 and call.status == "completed"
+    done = [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == ["shell_call"]
+    output = {
+        "type": "shell_call_output",
+        "call_id": call.call_id,
+        "output": [{"stdout": "a.txt", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}],
+    }
+    caller.name, caller.arguments = (
+        "apply_patch",
+        {
+            "type": "create_file",
+            "path": "b.txt",
+            "diff": "+hello",
+        },
+    )
+    second = await _create(http, previous_response_id=final.id, input=[output], tools=CLIENT_TOOLS)
+    tool_turn = engine.calls[-1].prompt.request.messages[-1]
+    assert tool_turn.role == "tool" and tool_turn.content == "a.txt\n[exit code 0]"
+    (patch,) = second["output"]
+    assert patch["type"] == "apply_patch_call"
+    assert patch["operation"] == {"type": "create_file", "path": "b.txt", "diff": "+hello"}
+    # the call and its output replay from a client's own history too
+    history = [
+        {"role": "user", "content": "make b"},
+        {k: patch[k] for k in ("type", "call_id", "operation", "status")},
+        {"type": "apply_patch_call_output", "call_id": patch["call_id"], "status": "completed"},
+    ]
+    await _create(http, input=history, tools=CLIENT_TOOLS)
+    messages = engine.calls[-1].prompt.request.messages
+    assert [c.name for m in messages for c in m.tool_calls] == ["apply_patch"]
+    assert messages[-1].content == "completed:"
+    # a shell or apply_patch call can be forced
+    caller.name, caller.arguments = "shell", {"commands": ["pwd"]}
+    forced = await _create(http, input="where", tools=CLIENT_TOOLS, tool_choice={"type": "shell"})
+    assert forced["output"][0]["type"] == "shell_call"
+    constraint = engine.calls[-1].prompt.request.constraint
+    assert constraint is not None and [t.name for t in constraint.calls.tools] == ["shell"]
+
+
+async def test_a_client_tool_output_must_answer_a_call_of_that_tool(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    r = await http.post(
+        "/v1/responses",
+        json={
+            "model": FAKE_MODEL,
+            "tools": CLIENT_TOOLS,
+            "input": [{"type": "shell_call_output", "call_id": "nope", "output": []}],
+        },
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].call_id"
+    assert engine.calls == []
