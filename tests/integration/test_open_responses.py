@@ -254,6 +254,24 @@ def test_compaction_trigger_turn(http: httpx.Client) -> None:
     assert late.status_code == 400 and late.json()["error"]["param"] == "input[0]"
 
 
+def test_context_management_compaction(http: httpx.Client) -> None:
+    """`context_management` compaction: past its threshold the turns before the last user
+    turn become a compaction item, first in the output, and the answer goes on from it."""
+    history = [
+        {"type": "message", "role": "user", "content": "My name is Alice and I like tea."},
+        {"type": "message", "role": "assistant", "content": "Nice to meet you, Alice."},
+        {"type": "message", "role": "user", "content": "What do I like?"},
+    ]
+    body = _post(
+        http,
+        input=history,
+        context_management=[{"type": "compaction", "compact_threshold": 20}],
+    )
+    assert finished(body)
+    assert body["output"][0]["type"] == "compaction" and len(body["output"]) > 1
+    assert body["usage"]["input_tokens"] > 0
+
+
 @pytest.fixture(scope="module")
 def vision(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     mmproj = write_projector(tmp_path_factory.mktemp("or-mmproj") / "mmproj.gguf")

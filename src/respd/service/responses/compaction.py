@@ -12,22 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
-from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, ConfigDict
 
-from respd.engines.base import ChatMessage
-from respd.protocol.errors import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    MissingParameter,
-    ServerError,
-)
-from respd.protocol.responses import CreateResponseRequest, ReasoningConfig, check_include
-from respd.service.generation.output import Usage
+from respd.engines.base import ChatMessage, Engine
+from respd.protocol.errors import InvalidRequest, MissingParameter
+from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.service.ids import new_id
 from respd.service.metadata import check_metadata
 from respd.service.responses.events import ResponseEventMachine, usage_json
@@ -40,18 +33,8 @@ from respd.service.responses.service import (
     build_echo,
     request_sampling,
 )
+from respd.service.responses.summary import SummaryFailed, compaction_item, summarize
 from respd.service.responses.translate import check_item_shapes
-
-SUMMARY_TOKENS = 400  # the summary's budget
-_PER_TURN_CHARS = 1500  # a turn longer than this is cut in the transcript
-_CHARS_PER_TOKEN = 2.5  # a cautious ratio for code and JSON; the count is checked anyway
-_SUMMARIZE = (
-    "You compact a conversation between a user and an assistant so that it can continue "
-    "without it. Write a short summary of it: the user's goal, what was done (commands "
-    "run, files changed, results), what is still open, and any facts needed to go on. "
-    "Write only the summary."
-)
-
 
 TRIGGER = "compaction_trigger"
 
@@ -72,23 +55,10 @@ def compaction_turn(items: Any) -> bool:
 
 
 @dataclass
-class Summary:
-    text: str
-    usage: Usage
-
-
-@dataclass
 class CompactionRun:
     turn: Turn
     machine: ResponseEventMachine
     events: AsyncGenerator[ResponseStreamEvent, None]
-
-
-class SummaryFailed(ServerError):
-    """The model failed while writing the summary."""
-
-    def __init__(self) -> None:
-        super().__init__("The model failed while compacting this conversation.")
 
 
 class CompactRequest(BaseModel):
@@ -100,39 +70,9 @@ class CompactRequest(BaseModel):
     previous_response_id: str | None = None
 
 
-def _turn(m: ChatMessage) -> str:
-    text = m.content
-    if m.tool_calls:
-        text += "".join(f"\n[calls {c.name} with {c.arguments}]" for c in m.tool_calls)
-    if len(text) > _PER_TURN_CHARS:
-        text = text[:_PER_TURN_CHARS] + " [...]"
-    label = f"tool {m.name} returned" if m.role == "tool" else m.role
-    return f"{label}: {text.strip()}"
-
-
-def transcript(messages: list[ChatMessage], max_chars: int) -> str:
-    """The conversation as plain text, its latest turns first to be kept."""
-    turns: list[str] = []
-    size = 0
-    for m in reversed(messages):
-        turn = _turn(m)
-        if size + len(turn) > max_chars and turns:
-            break
-        turns.append(turn[-max_chars:])
-        size += len(turn) + 1
-    return "\n".join(reversed(turns))
-
-
 class Compactor:
     def __init__(self, service: ResponsesService) -> None:
         self.service = service
-
-    def _item(self, summary: str) -> dict[str, Any]:
-        return {
-            "type": "compaction",
-            "id": new_id("cmp"),
-            "encrypted_content": self.service.sealer.seal("compaction", {"summary": summary}),
-        }
 
     async def compact(self, body: CompactRequest, owner: str) -> dict[str, Any]:
         service = self.service
@@ -144,12 +84,12 @@ class Compactor:
             service.store, owner, previous_response_id=body.previous_response_id, conversation=None
         )
         messages = await service.conversation(engine, owner, history, body.input, body.instructions)
-        summary = await self._summarize(body.model, engine.context_window, messages, owner)
+        summary = await summarize(engine, messages, service.runs)
         return {
             "id": new_id("resp"),
             "object": "response.compaction",
             "created_at": int(time.time()),
-            "output": [self._item(summary.text)],
+            "output": [compaction_item(service.sealer, summary.text)],
             "usage": usage_json(summary.usage),
         }
 
@@ -179,70 +119,25 @@ class Compactor:
         messages = await service.conversation(engine, owner, history, items, req.instructions)
         turn = Turn(req, owner, normalize_items(req.input), history)
         machine = ResponseEventMachine(build_echo(req, sampling, engine, history.conversation_id))
-        return CompactionRun(
-            turn, machine, self._events(turn, machine, engine.context_window, messages)
-        )
+        return CompactionRun(turn, machine, self._events(turn, machine, engine, messages))
 
     async def _events(
         self,
         turn: Turn,
         machine: ResponseEventMachine,
-        context_window: int,
+        engine: Engine,
         messages: list[ChatMessage],
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         for event in machine.start():
             yield event
         try:
-            summary = await self._summarize(
-                turn.request.model, context_window, messages, turn.owner
-            )
+            summary = await summarize(engine, messages, self.service.runs)
         except SummaryFailed as exc:
             events = machine.fail(exc.message)
         else:
-            events = machine.whole_item(self._item(summary.text))
+            events = machine.whole_item(compaction_item(self.service.sealer, summary.text))
             events += machine.finish(usage=summary.usage)
         for event in events:
             if event.type in TERMINAL_EVENTS:
                 await self.service.persist(turn, machine)
             yield event
-
-    async def _summarize(
-        self, model: str, context_window: int, messages: list[ChatMessage], owner: str
-    ) -> Summary:
-        """The model's summary of `messages`: as much of their end as the context holds.
-        A summary cut at its budget is still one."""
-        budget = int((context_window - SUMMARY_TOKENS - 200) * _CHARS_PER_TOKEN)
-        for _ in range(4):
-            req = CreateResponseRequest(
-                model=model,
-                instructions=_SUMMARIZE,
-                input=transcript(messages, max(budget, 400)),
-                max_output_tokens=SUMMARY_TOKENS,
-                temperature=0,
-                store=False,
-                reasoning=ReasoningConfig(effort="none"),
-            )
-            try:
-                prepared = await self.service.prepare(req, owner)
-            except ContextLengthExceeded:
-                if budget <= 400:
-                    raise
-                budget //= 2
-                continue
-            machine = prepared.machine()
-            async with aclosing(self.service.respond(prepared, machine)) as events:
-                async for _event in events:
-                    pass
-            if machine.status == "failed":
-                raise SummaryFailed
-            response = machine.snapshot()
-            # A model that thinks anyway may leave its summary in its reasoning.
-            thoughts = [
-                part.text
-                for item in response.output
-                if item.type == "reasoning"
-                for part in item.content or []
-            ]
-            text = (response.output_text or "\n".join(thoughts)).strip()
-            return Summary(text, machine.usage or Usage())
-        raise ContextLengthExceeded("The history is too long to compact on this model.")

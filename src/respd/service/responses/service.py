@@ -12,7 +12,7 @@ from typing import Any
 from openai.types.responses import ResponseStreamEvent
 
 from respd.engines.base import ChatMessage, Engine, SamplingParams
-from respd.protocol.errors import InvalidRequest, Unsupported
+from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, Unsupported
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.protocol.wire import wire
@@ -30,7 +30,13 @@ from respd.service.models import ModelRegistry
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
-from respd.service.responses.translate import check_item_shapes, input_to_messages
+from respd.service.responses.summary import (
+    compaction_item,
+    compaction_threshold,
+    split_for_compaction,
+    summarize,
+)
+from respd.service.responses.translate import SUMMARY_HEADER, check_item_shapes, input_to_messages
 from respd.service.sealing import Sealer
 from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
 from respd.store.base import JSON, ResponseRecord, Store
@@ -66,6 +72,8 @@ class PreparedResponse(Turn):
     routes: dict[str, ToolRoute] = field(default_factory=dict, kw_only=True)
     # set when reasoning is to carry `encrypted_content`
     sealer: Sealer | None = field(default=None, kw_only=True)
+    # items made before generating (automatic compaction), first in the output
+    lead: list[JSON] = field(default_factory=list, kw_only=True)
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
         """The event machine for this response: its echo, how its calls map back, whether
@@ -266,7 +274,7 @@ class ResponsesService:
             cache_key=req.prompt_cache_key or req.user,
             params=Params(),
         )
-        generation = await core.prepare(engine, spec)
+        generation, lead = await self._fit(engine, spec, req.context_management)
         echo = build_echo(req, sampling, engine, history.conversation_id)
         return PreparedResponse(
             req,
@@ -277,7 +285,32 @@ class ResponsesService:
             echo=echo,
             routes=offered.routes,
             sealer=self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
+            lead=lead,
         )
+
+    async def _fit(
+        self, engine: Engine, spec: GenerationSpec, management: list[JSON] | None
+    ) -> tuple[PreparedGeneration, list[JSON]]:
+        """The generation; with `context_management` compaction, a prompt over its
+        threshold (or over the context) first has the turns before its last user turn
+        replaced by the model's summary, whose compaction item leads the output."""
+        threshold = compaction_threshold(management, engine.context_window)
+        try:
+            generation = await core.prepare(engine, spec)
+        except ContextLengthExceeded:
+            if threshold is None:
+                raise
+        else:
+            if threshold is None or generation.prompt_tokens <= threshold:
+                return generation, []
+        parts = split_for_compaction(spec.messages)
+        if parts is None:  # nothing to replace: as it is (or its error)
+            return await core.prepare(engine, spec), []
+        system, replaced, kept = parts
+        summary = await summarize(engine, replaced, self.runs)
+        turn = ChatMessage("user", f"{SUMMARY_HEADER}\n{summary.text}")
+        spec = replace(spec, messages=[*system, turn, *kept])
+        return await core.prepare(engine, spec), [compaction_item(self.sealer, summary.text)]
 
     async def conversation(
         self,
@@ -379,14 +412,17 @@ class ResponsesService:
         """Admit the generation now (a full engine is a 503 here, before any event) and
         return the events; closing the iterator cancels the generation."""
         generation = core.run(prepared.generation, self.runs)
-        return self._events(machine or prepared.machine(), generation)
+        return self._events(machine or prepared.machine(), generation, prepared.lead)
 
     async def _events(
-        self, machine: ResponseEventMachine, generation: core.Run
+        self, machine: ResponseEventMachine, generation: core.Run, lead: list[JSON]
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         async with aclosing(generation):
             for event in machine.start():
                 yield event
+            for made in lead:
+                for event in machine.whole_item(made):
+                    yield event
             async for item in generation:
                 machine.generated_tokens = generation.produced
                 if isinstance(item, Finished):

@@ -24,10 +24,11 @@ THOUGHT = "The user greets; greet back."
 
 def test_sealed_blobs_open_only_unaltered_under_their_key_and_kind() -> None:
     a = Sealer.from_secret("k")
-    token = a.seal("reasoning", {"text": "hi"})
-    assert "hi" not in token
-    assert Sealer.from_secret("k").open("reasoning", token) == {"text": "hi"}
-    assert a.seal("reasoning", {"text": "hi"}) != token  # a fresh nonce each time
+    secret = "a thought nobody else may read"  # too long to turn up in base64 by chance
+    token = a.seal("reasoning", {"text": secret})
+    assert "nobody" not in token
+    assert Sealer.from_secret("k").open("reasoning", token) == {"text": secret}
+    assert a.seal("reasoning", {"text": secret}) != token  # a fresh nonce each time
     with pytest.raises(Unsealable):
         Sealer.from_secret("other").open("reasoning", token)
     with pytest.raises(Unsealable):
@@ -240,6 +241,55 @@ async def test_compaction_turn_errors_run_nothing_and_store_nothing(
     r = await _post(http, "/v1/responses", stream=True, **body)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.text
+    assert engine.calls == []
+
+
+async def test_context_management_compacts_a_prompt_past_its_threshold(
+    http: httpx.AsyncClient, engine: FakeEngine
+) -> None:
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "and now?"},
+    ]
+    r = await _post(http, "/v1/responses", input=history, stream=True, store=False, **COMPACT)
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    for event in events:
+        strict_event(event)
+    final = strict_response(events[-1]["response"])
+    assert final.status == "completed"
+    assert [o.type for o in final.output][:1] == ["compaction"] and len(final.output) > 1
+    prompt = engine.calls[-1].prompt.request.messages
+    assert [m.content for m in prompt if m.role == "user"] == [
+        f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted.",
+        "and now?",
+    ]
+    # under the threshold nothing is compacted
+    default = [{"type": "compaction"}]  # 80% of the context window
+    r = await _post(http, "/v1/responses", input=history, context_management=default)
+    assert "compaction" not in [o["type"] for o in r.json()["output"]]
+
+
+COMPACT = {"context_management": [{"type": "compaction", "compact_threshold": 5}]}
+
+
+@pytest.mark.parametrize(
+    ("management", "param"),
+    [
+        ([{"type": "truncate"}], "context_management[0].type"),
+        (
+            [{"type": "compaction", "compact_threshold": 0}],
+            "context_management[0].compact_threshold",
+        ),
+        ({"type": "compaction"}, "context_management"),
+    ],
+)
+async def test_context_management_errors(
+    http: httpx.AsyncClient, engine: FakeEngine, management: Any, param: str
+) -> None:
+    r = await _post(http, "/v1/responses", input="hi", context_management=management)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert engine.calls == []
 
 
