@@ -121,16 +121,12 @@ def input_to_messages(
             _function_call(item, param, messages)
         elif kind == "custom_tool_call":
             _custom_tool_call(item, param, messages)
-        elif kind == "local_shell_call":
-            _local_shell_call(item, param, messages)
+        elif kind in _CLIENT_CALLS:
+            _client_call(item, param, messages)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             _function_call_output(item, param, messages, low=low, prior=prior or [])
         elif kind == "local_shell_call_output":
             _local_shell_output(item, param, messages, prior=prior or [])
-        elif kind == "shell_call":
-            _shell_call(item, param, messages)
-        elif kind == "apply_patch_call":
-            _apply_patch_call(item, param, messages)
         elif kind == "shell_call_output":
             text = _shell_output_text(item, param)
             _client_output(item, param, messages, prior or [], SHELL, text)
@@ -198,13 +194,24 @@ def _custom_tool_call(item: dict[str, Any], param: str, messages: list[ChatMessa
     _add_call(ToolCall(call_id, name, json.dumps({"input": text})), messages)
 
 
-def _local_shell_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
-    action = item.get("action")
-    if not isinstance(action, dict):
-        raise MissingParameter(f"{param}.action")
-    args = {k: v for k, v in action.items() if k in ("command", "working_directory", "timeout_ms")}
+# Per call item of a client-run tool: the tool's name, the field holding the call, and the
+# keys of that field the model's function takes.
+_CLIENT_CALLS = {
+    "local_shell_call": (LOCAL_SHELL, "action", ("command", "working_directory", "timeout_ms")),
+    "shell_call": (SHELL, "action", ("commands", "timeout_ms")),
+    "apply_patch_call": (APPLY_PATCH, "operation", ("type", "path", "diff")),
+}
+
+
+def _client_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    """A client-run tool's earlier call, as the function call the model writes for it."""
+    tool, key, names = _CLIENT_CALLS[item["type"]]
+    value = item.get(key)
+    if not isinstance(value, dict):
+        raise MissingParameter(f"{param}.{key}")
+    args = {k: v for k, v in value.items() if k in names and v is not None}
     call_id = _required_str(item, "call_id", param)
-    _add_call(ToolCall(call_id, LOCAL_SHELL, json.dumps(args)), messages)
+    _add_call(ToolCall(call_id, tool, json.dumps(args)), messages)
 
 
 def _local_shell_output(
@@ -225,24 +232,6 @@ def _local_shell_output(
     if not isinstance(output, str):
         raise MissingParameter(f"{param}.output")
     messages.append(ChatMessage("tool", output, tool_call_id=match.id, name=LOCAL_SHELL))
-
-
-def _shell_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
-    action = item.get("action")
-    if not isinstance(action, dict) or not isinstance(action.get("commands"), list):
-        raise MissingParameter(f"{param}.action.commands")
-    args = {k: v for k, v in action.items() if k in ("commands", "timeout_ms") and v is not None}
-    call_id = _required_str(item, "call_id", param)
-    _add_call(ToolCall(call_id, SHELL, json.dumps(args)), messages)
-
-
-def _apply_patch_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
-    operation = item.get("operation")
-    if not isinstance(operation, dict):
-        raise MissingParameter(f"{param}.operation")
-    args = {k: v for k, v in operation.items() if k in ("type", "path", "diff")}
-    call_id = _required_str(item, "call_id", param)
-    _add_call(ToolCall(call_id, APPLY_PATCH, json.dumps(args)), messages)
 
 
 def _shell_output_text(item: dict[str, Any], param: str) -> str:
