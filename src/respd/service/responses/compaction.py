@@ -20,9 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from respd.engines.base import ChatMessage, Engine
 from respd.protocol.errors import InvalidRequest, MissingParameter
-from respd.protocol.responses import CreateResponseRequest, check_include
+from respd.protocol.responses import CreateResponseRequest
 from respd.service.ids import new_id
-from respd.service.metadata import check_metadata
 from respd.service.responses.events import ResponseEventMachine, usage_json
 from respd.service.responses.history import resolve_history
 from respd.service.responses.items import normalize_items
@@ -97,26 +96,16 @@ class Compactor:
         """A compaction turn (`compaction_turn(req.input)`): checked now, so a bad request
         is an error before any event; the events come as the summary is made."""
         service = self.service
-        service.limits.check(req.input, req.instructions, req.tools, items_param="input")
         if req.background:
             raise InvalidRequest(
                 "A compaction turn cannot run in the background.",
                 param="background",
                 code="invalid_value",
             )
-        engine = service.models.get(req.model)
-        check_item_shapes(req.input)
-        check_metadata(req.metadata)
-        check_include(req.include or [])
+        engine = service.checked_engine(req)
         sampling = request_sampling(req, service.default_max_tokens)
-        history = await resolve_history(
-            service.store,
-            owner,
-            previous_response_id=req.previous_response_id,
-            conversation=req.conversation,
-        )
         items = req.input[:-1] if isinstance(req.input, list) else req.input
-        messages = await service.conversation(engine, owner, history, items, req.instructions)
+        history, messages = await service.context(engine, req, owner, items)
         turn = Turn(req, owner, normalize_items(req.input), history)
         machine = ResponseEventMachine(build_echo(req, sampling, engine, history.conversation_id))
         return CompactionRun(turn, machine, self._events(turn, machine, engine, messages))

@@ -251,7 +251,7 @@ class _OpenCall:
             }
             return {**head, "call_id": self.call_id, "action": action}
         if route.kind == "apply_patch":
-            return {**head, "status": status, "call_id": self.call_id, **self.patch_operation()}
+            return {**head, "call_id": self.call_id, **self.patch_operation()}
         if route.kind == "custom":
             head["input"] = self.input_text()
         else:

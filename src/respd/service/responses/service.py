@@ -36,7 +36,7 @@ from respd.service.responses.summary import (
     split_for_compaction,
     summarize,
 )
-from respd.service.responses.translate import SUMMARY_HEADER, check_item_shapes, input_to_messages
+from respd.service.responses.translate import check_item_shapes, input_to_messages, summary_turn
 from respd.service.sealing import Sealer
 from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
 from respd.store.base import JSON, ResponseRecord, Store
@@ -227,8 +227,9 @@ class ResponsesService:
         self.runs = runs
         self.limits = limits or InputLimits()
 
-    async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
-        """Everything up to the first event; raises (and stores nothing) on a bad request."""
+    def checked_engine(self, req: CreateResponseRequest) -> Engine:
+        """The engine of the request's model, after the checks that need no history
+        (sizes, item shapes, metadata, fields not built, state settings)."""
         self.limits.check(req.input, req.instructions, req.tools, items_param="input")
         self.limits.check_max_tokens(req.max_output_tokens, "max_output_tokens")
         engine = self.models.get(req.model)
@@ -236,6 +237,28 @@ class ResponsesService:
         check_metadata(req.metadata)
         _reject_unimplemented(req)
         _check_state_params(req)
+        return engine
+
+    async def context(
+        self,
+        engine: Engine,
+        req: CreateResponseRequest,
+        owner: str,
+        items: str | list[JSON] | None,
+    ) -> tuple[History, list[ChatMessage]]:
+        """The history the request continues, and the prompt's turns: that history, then
+        `items` (the request's input, or what of it the model reads)."""
+        history = await resolve_history(
+            self.store,
+            owner,
+            previous_response_id=req.previous_response_id,
+            conversation=req.conversation,
+        )
+        return history, await self.conversation(engine, owner, history, items, req.instructions)
+
+    async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
+        """Everything up to the first event; raises (and stores nothing) on a bad request."""
+        engine = self.checked_engine(req)
         sampling = request_sampling(req, self.default_max_tokens)
         sampling.logprobs = responses_logprobs(req)
         offered = responses_tools(req.tools, engine.check_schema)
@@ -256,13 +279,7 @@ class ResponsesService:
             policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
         )
         answer = responses_answer_schema(req.text.format if req.text else None, engine.check_schema)
-        history = await resolve_history(
-            self.store,
-            owner,
-            previous_response_id=req.previous_response_id,
-            conversation=req.conversation,
-        )
-        messages = await self.conversation(engine, owner, history, req.input, req.instructions)
+        history, messages = await self.context(engine, req, owner, req.input)
         spec = GenerationSpec(
             messages=messages,
             sampling=sampling,
@@ -295,21 +312,20 @@ class ResponsesService:
         threshold (or over the context) first has the turns before its last user turn
         replaced by the model's summary, whose compaction item leads the output."""
         threshold = compaction_threshold(management, engine.context_window)
+        generation: PreparedGeneration | None = None
         try:
             generation = await core.prepare(engine, spec)
         except ContextLengthExceeded:
             if threshold is None:
                 raise
-        else:
-            if threshold is None or generation.prompt_tokens <= threshold:
-                return generation, []
+        if generation is not None and (threshold is None or generation.prompt_tokens <= threshold):
+            return generation, []
         parts = split_for_compaction(spec.messages)
         if parts is None:  # nothing to replace: as it is (or its error)
-            return await core.prepare(engine, spec), []
+            return generation or await core.prepare(engine, spec), []
         system, replaced, kept = parts
         summary = await summarize(engine, replaced, self.runs)
-        turn = ChatMessage("user", f"{SUMMARY_HEADER}\n{summary.text}")
-        spec = replace(spec, messages=[*system, turn, *kept])
+        spec = replace(spec, messages=[*system, summary_turn(summary.text), *kept])
         return await core.prepare(engine, spec), [compaction_item(self.sealer, summary.text)]
 
     async def conversation(

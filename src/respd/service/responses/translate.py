@@ -55,6 +55,11 @@ def _role(value: Any, param: str) -> str:
     return "system" if value == "developer" else value
 
 
+def summary_turn(summary: str) -> ChatMessage:
+    """The prompt turn that stands for the turns a compaction summary replaced."""
+    return ChatMessage("user", f"{SUMMARY_HEADER}\n{summary}")
+
+
 def check_item_shapes(items: Any, prefix: str = "input") -> None:
     """Each item an object whose `type`, when given, is a string: checked before anything
     (media resolution included) reads the items."""
@@ -142,7 +147,7 @@ def input_to_messages(
             messages.append(ChatMessage(_REASONING, "", reasoning=text))
         elif kind == "compaction":
             summary = _unseal(item, param, "compaction", sealer).get("summary")
-            messages.append(ChatMessage("user", f"{SUMMARY_HEADER}\n{summary}"))
+            messages.append(summary_turn(str(summary)))
         elif kind in _NOT_YET_ITEMS:
             raise Unsupported(
                 f"Input items of type '{kind}' ({_NOT_YET_ITEMS[kind]}) are not supported by "
