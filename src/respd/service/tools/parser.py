@@ -242,6 +242,8 @@ class ToolCallParser:
             stripped = buf.lstrip()
             self._prefix += buf[: len(buf) - len(stripped)]
             buf = stripped
+            if any(len(f) > len(buf) and f.startswith(buf) for f in self.fmt.fillers):
+                break  # a longer filler may be arriving (`[TOOL_CALLS]` after `[`): wait
             filler = next((f for f in self.fmt.fillers if buf.startswith(f)), None)
             if filler is None:
                 break
