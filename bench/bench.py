@@ -3,8 +3,13 @@
 Both servers get the same model, threads, context and parallel slots. The same prompts are
 streamed through each at every concurrency level (chat completions on both, the Responses
 API on respd too), and the table reports ratios, which hold up on a noisy machine far
-better than absolute numbers. It also measures the in-process ceiling (llama-cpp-python
-decoding with no server) and a prefix-cache case (a 3-turn previous_response_id chain).
+better than absolute numbers; the throughput levels send `ignore_eos` so every request
+decodes exactly max_tokens on both servers. It also measures the in-process ceiling
+(llama-cpp-python decoding with no server), a prefix-cache case (a 3-turn
+previous_response_id chain), an agent-chain case (many interleaved multi-turn conversations
+over few slots, so a conversation's slot is reused by others between its turns) and an edit
+case ("rewrite this file with one change": decode speed with and without n-gram
+speculation on each server). `--only` reruns some of these cases.
 
 Build llama-server from the llama.cpp sources vendored in the llama-cpp-python sdist of
 the installed version (see README, "Benchmark"), then:
@@ -18,13 +23,17 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +56,118 @@ PROMPTS = [
     "Explain why the sky is blue.",
 ]
 
+CASES = ("levels", "prefix", "agent", "edit", "ceiling")
+# What a case survives (a server that exits or hangs at start, a dropped connection): it
+# is recorded and the run goes on, so one broken part does not lose the others' numbers.
+CASE_ERRORS = (RuntimeError, OSError, httpx.HTTPError, subprocess.SubprocessError)
+# Sent on every throughput-level request: both servers decode exactly max_tokens, so their
+# token rates compare like with like whatever the model would have stopped at.
+LEVEL_EXTRA: dict[str, Any] = {"ignore_eos": True}
+
+AGENT_TURNS = [
+    "Summarise the context in one sentence.",
+    "Which crate holds the most items?",
+    "List the ports mentioned so far.",
+    "Rewrite your last answer more formally.",
+    "Name one risk for this project.",
+    "Give the project a short title.",
+]
+
+
+def agent_doc(conv: int) -> str:
+    """A ~400-token context document, unique from its first words, for one conversation."""
+    rng = random.Random(conv)
+    colours = ["red", "blue", "green", "grey", "amber", "white", "black", "violet"]
+    goods = ["lamps", "ropes", "barrels", "maps", "nails", "sails", "tiles", "clocks"]
+    ports = ["Avonmouth", "Brest", "Cadiz", "Dunkirk", "Esbjerg", "Faro", "Genoa", "Hull"]
+    lines = [f"Context for project {conv} ({rng.choice(ports)} office)."]
+    for j in range(14):
+        lines.append(
+            f"Note {j}: the {rng.choice(colours)} crate {conv}-{j} holds {rng.randint(2, 900)} "
+            f"{rng.choice(goods)} and ships from {rng.choice(ports)} on day {rng.randint(1, 28)}."
+        )
+    return " ".join(lines)
+
+
+# (module, record class, three numeric fields): one generated ~60-line file each.
+EDIT_MODULES = [
+    ("inventory", "Item", ("price", "weight", "stock")),
+    ("geometry", "Box", ("width", "height", "depth")),
+    ("library", "Book", ("pages", "year", "copies")),
+]
+
+
+def edit_file(module: str, cls: str, fields: tuple[str, str, str]) -> str:
+    """A plain Python module of about 60 lines, deterministic from its arguments."""
+    out = [
+        f'"""Helpers for {module} records."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "from dataclasses import dataclass",
+        "",
+        "",
+        "@dataclass",
+        f"class {cls}:",
+        "    name: str",
+        *(f"    {f}: float" for f in fields),
+        "",
+        "",
+        f"def load_{module}(rows: list[list[str]]) -> list[{cls}]:",
+        "    result = []",
+        "    for row in rows:",
+        f"        result.append({cls}(row[0], float(row[1]), float(row[2]), float(row[3])))",
+        "    return result",
+    ]
+    for f in fields:
+        out += [
+            "",
+            "",
+            f"def total_{f}(records: list[{cls}]) -> float:",
+            f'    """Sum of the {f} of every record."""',
+            "    total = 0.0",
+            "    for record in records:",
+            f"        total += record.{f}",
+            "    return total",
+        ]
+    out += [
+        "",
+        "",
+        f"def largest_{fields[1]}(records: list[{cls}]) -> {cls} | None:",
+        "    best = None",
+        "    for record in records:",
+        f"        if best is None or record.{fields[1]} > best.{fields[1]}:",
+        "            best = record",
+        "    return best",
+        "",
+        "",
+        "def main() -> None:",
+        '    rows = [["a", "1", "2", "3"], ["b", "4", "5", "6"]]',
+        f"    records = load_{module}(rows)",
+        f"    print(total_{fields[0]}(records), largest_{fields[1]}(records))",
+        "",
+        "",
+        'if __name__ == "__main__":',
+        "    main()",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def edit_prompts() -> list[tuple[str, str, str]]:
+    """(prompt, old name, new name): rename a function that is also called from main()."""
+    prompts = []
+    for module, cls, fields in EDIT_MODULES:
+        old, new = f"total_{fields[0]}", f"sum_of_{fields[0]}"
+        prompts.append(
+            (
+                f"Rewrite the following file in full, renaming function {old} to {new}. "
+                f"Output only the code.\n\n{edit_file(module, cls, fields)}",
+                old,
+                new,
+            )
+        )
+    return prompts
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -60,6 +181,7 @@ class Server:
     process: subprocess.Popen[bytes]
     base_url: str
     model: str
+    cmd: list[str] = field(default_factory=list)
 
     def peak_rss_mib(self) -> float:
         status = Path(f"/proc/{self.process.pid}/status").read_text()
@@ -76,6 +198,16 @@ class Server:
             self.process.kill()
 
 
+def log_name(server_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", server_name).strip("-")
+
+
+def help_text(cmd: list[str]) -> str:
+    """A server's --help, to pass only the flags this build has."""
+    done = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60)
+    return done.stdout + done.stderr
+
+
 def wait_healthy(server: Server, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -87,10 +219,19 @@ def wait_healthy(server: Server, timeout: float = 300) -> None:
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
+    server.stop()  # a hung start must not keep the CPUs from the cases after it
     raise RuntimeError(f"{server.name} did not become healthy")
 
 
-def start_respd(args: argparse.Namespace, log_dir: Path) -> Server:
+def start_respd(
+    args: argparse.Namespace,
+    log_dir: Path,
+    *,
+    parallel: int | None = None,
+    extra: list[str] | None = None,
+    name: str = "respd",
+) -> Server:
+    """respd on the GGUF; `extra` flags only where a case needs them (it exits on unknown ones)."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -108,15 +249,16 @@ def start_respd(args: argparse.Namespace, log_dir: Path) -> Server:
         "--threads",
         str(args.threads),
         "--parallel",
-        str(args.parallel),
+        str(parallel or args.parallel),
         "--repack",
         "on" if args.repack else "off",
         "--log-level",
         "warning",
+        *(extra or []),
     ]
-    log = (log_dir / "respd.log").open("wb")
+    log = (log_dir / f"{log_name(name)}.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    server = Server("respd", proc, f"http://127.0.0.1:{port}", "bench")
+    server = Server(name, proc, f"http://127.0.0.1:{port}", "bench", cmd)
     wait_healthy(server)
     return server
 
@@ -143,8 +285,16 @@ def start_respd_upstream(args: argparse.Namespace, log_dir: Path, upstream: Serv
     return server
 
 
-def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
+def start_llama_server(
+    args: argparse.Namespace,
+    log_dir: Path,
+    *,
+    parallel: int | None = None,
+    extra: list[str] | None = None,
+    name: str = "llama-server",
+) -> Server:
     port = free_port()
+    parallel = parallel or args.parallel
     cmd = [
         str(args.llama_server),
         "-m",
@@ -158,9 +308,9 @@ def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
         "-tb",
         str(args.threads),
         "-c",
-        str(args.ctx_size * args.parallel),
+        str(args.ctx_size * parallel),
         "-np",
-        str(args.parallel),
+        str(parallel),
         "-b",
         "512",
         "-ub",
@@ -169,10 +319,11 @@ def start_llama_server(args: argparse.Namespace, log_dir: Path) -> Server:
         "bench",
         "--no-webui",
         "--repack" if args.repack else "--no-repack",
+        *(extra or []),
     ]
-    log = (log_dir / "llama-server.log").open("wb")
+    log = (log_dir / f"{log_name(name)}.log").open("wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    server = Server("llama-server", proc, f"http://127.0.0.1:{port}", "bench")
+    server = Server(name, proc, f"http://127.0.0.1:{port}", "bench", cmd)
     wait_healthy(server)
     return server
 
@@ -182,38 +333,67 @@ class RequestResult:
     ttft: float
     duration: float
     tokens: int
+    text: str = ""
+    input_tokens: int = 0
+    cached_tokens: int | None = None  # None: the server did not say
+    response_id: str = ""
+
+
+Prompt = str | list[dict[str, Any]]  # one user message, or the whole message list
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int
+    client: httpx.AsyncClient,
+    server: Server,
+    prompt: Prompt,
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
 ) -> RequestResult:
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
     body = {
         "model": server.model,
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
+        **(extra or {}),
     }
     start = time.perf_counter()
     first = None
-    tokens = 0
+    result = RequestResult(0.0, 0.0, 0)
+    parts: list[str] = []
     async with client.stream("POST", server.base_url + "/v1/chat/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             data = json.loads(line[6:])
-            if first is None and any(c["delta"].get("content") for c in data.get("choices", [])):
-                first = time.perf_counter()
-            if data.get("usage"):
-                tokens = data["usage"]["completion_tokens"]
+            for choice in data.get("choices", []):
+                if content := choice["delta"].get("content"):
+                    first = first or time.perf_counter()
+                    parts.append(content)
+            if usage := data.get("usage"):
+                result.tokens = usage["completion_tokens"]
+                result.input_tokens = usage.get("prompt_tokens", 0)
+                details = usage.get("prompt_tokens_details") or {}
+                if "cached_tokens" in details:
+                    result.cached_tokens = details["cached_tokens"]
+            # llama-server reports its prompt-cache reuse in `timings`, not always in usage.
+            timings = data.get("timings") or {}
+            if result.cached_tokens is None and "cache_n" in timings:
+                result.cached_tokens = timings["cache_n"]
     end = time.perf_counter()
-    return RequestResult((first or end) - start, end - start, tokens)
+    result.ttft, result.duration, result.text = (first or end) - start, end - start, "".join(parts)
+    return result
 
 
 async def stream_responses(
-    client: httpx.AsyncClient, server: Server, prompt: str, max_tokens: int
+    client: httpx.AsyncClient,
+    server: Server,
+    prompt: Prompt,
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
 ) -> RequestResult:
     body = {
         "model": server.model,
@@ -221,22 +401,30 @@ async def stream_responses(
         "max_output_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
+        **(extra or {}),
     }
     start = time.perf_counter()
     first = None
-    tokens = 0
+    result = RequestResult(0.0, 0.0, 0)
+    parts: list[str] = []
     async with client.stream("POST", server.base_url + "/v1/responses", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: "):
                 continue
             data = json.loads(line[6:])
-            if first is None and data["type"] == "response.output_text.delta":
-                first = time.perf_counter()
+            if data["type"] == "response.output_text.delta":
+                first = first or time.perf_counter()
+                parts.append(data["delta"])
             if data["type"] in ("response.completed", "response.incomplete"):
-                tokens = data["response"]["usage"]["output_tokens"]
+                usage = data["response"]["usage"]
+                result.tokens = usage["output_tokens"]
+                result.input_tokens = usage["input_tokens"]
+                result.cached_tokens = usage["input_tokens_details"]["cached_tokens"]
+                result.response_id = data["response"]["id"]
     end = time.perf_counter()
-    return RequestResult((first or end) - start, end - start, tokens)
+    result.ttft, result.duration, result.text = (first or end) - start, end - start, "".join(parts)
+    return result
 
 
 @dataclass
@@ -259,47 +447,81 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run_level(
-    server: Server, api: str, concurrency: int, requests: int, max_tokens: int
-) -> LevelResult:
+async def run_requests(
+    server: Server,
+    api: str,
+    concurrency: int,
+    prompts: list[Prompt],
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> tuple[list[RequestResult | None], float, list[str]]:
+    """Stream every prompt, `concurrency` at a time: results in prompt order (None where
+    the request failed), wall time, and what each failure said."""
     fn = stream_chat if api == "chat" else stream_responses
     sem = asyncio.Semaphore(concurrency)
-    results: list[RequestResult] = []
-    errors = 0
-    first_error = ""
+    results: list[RequestResult | None] = [None] * len(prompts)
+    errors: list[str] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
         async def one(i: int) -> None:
-            nonlocal errors, first_error
             async with sem:
                 try:
-                    results.append(await fn(client, server, PROMPTS[i % len(PROMPTS)], max_tokens))
+                    results[i] = await fn(client, server, prompts[i], max_tokens, extra)
                 except httpx.HTTPError as exc:
-                    errors += 1
-                    first_error = first_error or f"{type(exc).__name__}: {exc}"
+                    errors.append(f"{type(exc).__name__}: {exc}")
 
         start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(requests)))
+        await asyncio.gather(*(one(i) for i in range(len(prompts))))
         wall = time.perf_counter() - start
-    ttfts = [r.ttft for r in results]
-    per_stream = [
-        (r.tokens - 1) / (r.duration - r.ttft)
-        for r in results
-        if r.tokens > 1 and r.duration > r.ttft
-    ]
+    return results, wall, errors
+
+
+def decode_tps(r: RequestResult) -> float | None:
+    """Tokens/s after the first token arrived (None when there is no decode time to measure)."""
+    if r.tokens > 1 and r.duration > r.ttft:
+        return (r.tokens - 1) / (r.duration - r.ttft)
+    return None
+
+
+def summarise_level(
+    name: str,
+    api: str,
+    concurrency: int,
+    results: list[RequestResult | None],
+    wall: float,
+    errors: list[str],
+) -> LevelResult:
+    done = [r for r in results if r is not None]
+    ttfts = [r.ttft for r in done]
+    per_stream = [t for r in done if (t := decode_tps(r)) is not None]
     return LevelResult(
-        server.name,
+        name,
         api,
         concurrency,
-        requests,
-        ttft_p50=percentile(ttfts, 0.5),
-        ttft_p95=percentile(ttfts, 0.95),
+        len(results),
+        ttft_p50=percentile(ttfts, 0.5) if ttfts else float("nan"),
+        ttft_p95=percentile(ttfts, 0.95) if ttfts else float("nan"),
         per_stream_tps=statistics.mean(per_stream) if per_stream else 0.0,
-        aggregate_tps=sum(r.tokens for r in results) / wall,
-        errors=errors,
-        first_error=first_error,
+        aggregate_tps=sum(r.tokens for r in done) / wall,
+        errors=len(errors),
+        first_error=errors[0] if errors else "",
     )
+
+
+async def run_level(
+    server: Server, api: str, concurrency: int, requests: int, max_tokens: int
+) -> LevelResult:
+    prompts: list[Prompt] = [PROMPTS[i % len(PROMPTS)] for i in range(requests)]
+    results, wall, errors = await run_requests(
+        server, api, concurrency, prompts, max_tokens, LEVEL_EXTRA
+    )
+    level = summarise_level(server.name, api, concurrency, results, wall, errors)
+    # ignore_eos makes every request exactly max_tokens long; count any that were not.
+    level.extra["short_requests"] = sum(
+        1 for r in results if r is not None and r.tokens != max_tokens
+    )
+    return level
 
 
 def in_process_ceiling(args: argparse.Namespace, max_tokens: int) -> float:
@@ -405,6 +627,319 @@ async def prefix_cache_case(server: Server, slots: int) -> dict[str, Any]:
     }
 
 
+async def agent_chain(server: Server, api: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Many multi-turn conversations over few slots, interleaved: turn k of every
+    conversation runs before turn k+1 of any, `agent_slots` at a time, so between two turns
+    of one conversation its slot has served others. On respd each turn chains on
+    previous_response_id (stored) with a per-conversation prompt_cache_key; on llama-server
+    each turn resends the whole history with cache_prompt."""
+    n, turns, max_tokens = args.agent_conversations, args.agent_turns, args.agent_max_tokens
+    history: list[list[dict[str, Any]]] = [
+        [{"role": "system", "content": agent_doc(i)}] for i in range(n)
+    ]
+    previous = [""] * n
+    broken: set[int] = set()  # conversations whose chain failed: their later turns are skipped
+    errors: list[str] = []
+    by_turn: list[list[RequestResult]] = []
+    sem = asyncio.Semaphore(args.agent_slots)
+    # A fresh connection per turn: reusing one that llama-server closed while the client
+    # waited for the other conversations failed a turn with "Server disconnected".
+    limits = httpx.Limits(max_connections=args.agent_slots + 4, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def one(i: int, k: int) -> RequestResult | None:
+            user = {"role": "user", "content": AGENT_TURNS[k % len(AGENT_TURNS)]}
+            async with sem:
+                if i in broken:
+                    return None
+                try:
+                    if api == "responses":
+                        body: dict[str, Any] = {"store": True, "prompt_cache_key": f"conv-{i}"}
+                        if k:
+                            body["previous_response_id"] = previous[i]
+                        prompt = user["content"] if k else [*history[i], user]
+                        r = await stream_responses(client, server, prompt, max_tokens, body)
+                        if not r.response_id:
+                            raise RuntimeError("the response did not complete")
+                        previous[i] = r.response_id
+                    else:
+                        history[i].append(user)
+                        extra = {"cache_prompt": True}
+                        r = await stream_chat(client, server, history[i], max_tokens, extra)
+                        history[i].append({"role": "assistant", "content": r.text})
+                    return r
+                except (httpx.HTTPError, RuntimeError) as exc:
+                    broken.add(i)
+                    errors.append(f"conversation {i} turn {k + 1}: {type(exc).__name__}: {exc}")
+                    return None
+
+        start = time.perf_counter()
+        for k in range(turns):
+            done = await asyncio.gather(*(one(i, k) for i in range(n)))
+            by_turn.append([r for r in done if r is not None])
+        wall = time.perf_counter() - start
+    later = [r for results in by_turn[1:] for r in results]
+    ttfts = [r.ttft for r in later]
+    out: dict[str, Any] = {
+        "server": server.name,
+        "api": api,
+        "flags": server.cmd[server.cmd.index("serve") + 1 :]
+        if api == "responses"
+        else server.cmd[1:],
+        "wall_s": wall,
+        "turn1_ttft_p50": percentile([r.ttft for r in by_turn[0]], 0.5) if by_turn[0] else None,
+        "ttft_p50": percentile(ttfts, 0.5) if ttfts else None,
+        "ttft_p95": percentile(ttfts, 0.95) if ttfts else None,
+        "ttft_p50_by_turn": [
+            percentile([r.ttft for r in results], 0.5) if results else None for results in by_turn
+        ],
+        "last_turn_input_tokens_mean": (
+            statistics.mean(r.input_tokens for r in by_turn[-1]) if by_turn[-1] else None
+        ),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+    }
+    known = [r for r in later if r.cached_tokens is not None]
+    inputs = sum(r.input_tokens for r in known)
+    # Turns 2..N: the share of each prompt served from the KV cache rather than recomputed.
+    out["cached_fraction"] = (
+        sum(r.cached_tokens or 0 for r in known) / inputs if known and inputs else None
+    )
+    return out
+
+
+def run_agent_case(
+    args: argparse.Namespace, log_dir: Path, rss: dict[str, float]
+) -> dict[str, Any]:
+    """The agent chain on fresh instances of both servers with `agent_slots` slots each;
+    respd on its defaults (its host-memory KV tier included), llama-server with cache reuse."""
+    llama_extra = (
+        ["--cache-reuse", "256"] if "--cache-reuse" in help_text([str(args.llama_server)]) else []
+    )
+    out: dict[str, Any] = {
+        "conversations": args.agent_conversations,
+        "turns": args.agent_turns,
+        "slots": args.agent_slots,
+        "concurrency": args.agent_slots,
+        "max_tokens": args.agent_max_tokens,
+    }
+    starts: list[tuple[str, str, Callable[[], Server]]] = [
+        (
+            "llama-server",
+            "chat",
+            partial(
+                start_llama_server,
+                args,
+                log_dir,
+                parallel=args.agent_slots,
+                extra=llama_extra,
+                name="llama-server agent",
+            ),
+        ),
+        (
+            "respd",
+            "responses",
+            partial(start_respd, args, log_dir, parallel=args.agent_slots, name="respd agent"),
+        ),
+    ]
+    for key, api, start in starts:
+        try:
+            server = start()
+        except CASE_ERRORS as exc:
+            out[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            print(f"  agent chain {key}: {out[key]['error']}", flush=True)
+            continue
+        try:
+            asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
+            out[key] = asyncio.run(agent_chain(server, api, args))
+            rss[server.name] = server.peak_rss_mib()
+        finally:
+            server.stop()
+        print(f"  agent chain {key}: flags {' '.join(out[key]['flags'])}", flush=True)
+    return out
+
+
+async def edit_level(
+    server: Server, label: str, level: int, args: argparse.Namespace
+) -> tuple[LevelResult, list[str | None]]:
+    """One concurrency level of the edit case: each prompt at least once, greedy, stopping
+    at EOS; returns the level and the text each prompt got on its first run."""
+    prompts = edit_prompts()[: args.edit_prompts]
+    n = max(level, len(prompts)) * args.edit_rounds
+    chosen = [prompts[i % len(prompts)] for i in range(n)]
+    results, wall, errors = await run_requests(
+        server, "chat", level, [c[0] for c in chosen], args.edit_max_tokens
+    )
+    row = summarise_level(label, "chat", level, results, wall, errors)
+    done = [(r, old, new) for r, (_, old, new) in zip(results, chosen, strict=True) if r]
+    if done:
+        # The edit was made: the new name is there and the old one is neither defined nor called.
+        row.extra["renamed"] = sum(
+            1 for r, old, new in done if new in r.text and f"{old}(" not in r.text
+        ) / len(done)
+        row.extra["completion_tokens_mean"] = statistics.mean(r.tokens for r, _, _ in done)
+    return row, [r.text if r else None for r in results[: len(prompts)]]
+
+
+def run_edit_case(args: argparse.Namespace, log_dir: Path, rss: dict[str, float]) -> dict[str, Any]:
+    """Decode speed of "rewrite this file with one change" with and without n-gram
+    speculation, on both servers, each configuration on a fresh instance."""
+    levels = [int(x) for x in args.edit_levels.split(",")]
+    slots = max(levels)
+    has_speculation = "--speculation" in help_text([sys.executable, "-m", "respd", "serve"])
+    spec_line = re.search(r"--spec-type\s+(\S+)", help_text([str(args.llama_server)]))
+    llama_types = set(spec_line.group(1).split(",")) if spec_line else set()
+    configs: list[tuple[str, Callable[[], Server]]] = []
+    unavailable: dict[str, str] = {}
+
+    def add(label: str, starter: Callable[..., Server], extra: list[str]) -> None:
+        configs.append(
+            (label, partial(starter, args, log_dir, parallel=slots, extra=extra, name=label))
+        )
+
+    add("respd spec=off", start_respd, ["--speculation", "off"] if has_speculation else [])
+    if has_speculation:
+        add("respd spec=ngram", start_respd, ["--speculation", "ngram"])
+    else:
+        unavailable["respd spec=ngram"] = "this respd has no --speculation flag"
+    add("llama-server spec=none", start_llama_server, [])
+    for kind in args.llama_spec_types.split(","):
+        if kind in llama_types:
+            add(f"llama-server spec={kind}", start_llama_server, ["--spec-type", kind])
+        else:
+            unavailable[f"llama-server spec={kind}"] = "no such --spec-type in this llama-server"
+    rows: list[LevelResult] = []
+    texts: dict[tuple[str, int], list[str | None]] = {}
+    flags: dict[str, list[str]] = {}
+    for label, start in configs:
+        try:
+            server = start()
+        except CASE_ERRORS as exc:
+            unavailable[label] = f"did not start: {type(exc).__name__}: {exc}"
+            continue
+        try:
+            asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
+            for level in levels:
+                row, texts[(label, level)] = asyncio.run(edit_level(server, label, level, args))
+                rows.append(row)
+                print(
+                    f"  edit {label:30} c={level:<2} {row.per_stream_tps:7.1f} tok/s/stream",
+                    flush=True,
+                )
+            rss[label] = server.peak_rss_mib()
+            flags[label] = server.cmd
+        finally:
+            server.stop()
+    # Greedy speculation must not change the text: compare each speculative configuration's
+    # single-stream output with its own server's non-speculative one.
+    for row in rows:
+        base = "respd spec=off" if row.server.startswith("respd") else "llama-server spec=none"
+        if row.concurrency == 1 and row.server != base and (base, 1) in texts:
+            pairs = list(zip(texts[(row.server, 1)], texts[(base, 1)], strict=True))
+            row.extra["same_text_as_no_spec"] = sum(1 for a, b in pairs if a == b) / len(pairs)
+    ratios: dict[str, Any] = {}
+    for level in levels:
+        at = {r.server: r for r in rows if r.concurrency == level}
+        spec_row, off_row = at.get("respd spec=ngram"), at.get("respd spec=off")
+        llamas = [r for name, r in at.items() if name.startswith("llama-server")]
+        if not spec_row:
+            continue
+        for metric in ("per_stream_tps", "aggregate_tps"):
+            if off_row and getattr(off_row, metric):
+                ratios[f"respd-spec/respd-nospec {metric}@{level}"] = getattr(
+                    spec_row, metric
+                ) / getattr(off_row, metric)
+            if llamas:
+                best = max(llamas, key=lambda r: float(getattr(r, metric)))
+                if getattr(best, metric):
+                    ratios[f"respd-spec/best-llama-server {metric}@{level}"] = getattr(
+                        spec_row, metric
+                    ) / getattr(best, metric)
+                    ratios[f"best-llama-server {metric}@{level}"] = best.server
+    return {
+        "prompts": args.edit_prompts,
+        "max_tokens": args.edit_max_tokens,
+        "levels": levels,
+        "slots": slots,
+        "rows": [asdict(r) for r in rows],
+        "ratios": ratios,
+        "not_available": unavailable,
+        "flags": flags,
+    }
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}ms"
+
+
+def print_agent(agent: dict[str, Any]) -> None:
+    print()
+    print(
+        f"agent chain: {agent['conversations']} conversations x {agent['turns']} turns, "
+        f"{agent['slots']} slots, concurrency {agent['concurrency']}, "
+        f"{agent['max_tokens']} tokens/turn; TTFT over turns 2..{agent['turns']}"
+    )
+    head = (
+        f"{'server/api':<22} {'TTFT p50':>9} {'TTFT p95':>9} {'turn-1 p50':>10} "
+        f"{'wall':>8} {'cached':>7}"
+    )
+    print(head)
+    print("-" * len(head))
+    for key in ("llama-server", "respd"):
+        r = agent.get(key)
+        if not r:
+            continue
+        if "error" in r:
+            print(f"{key:<22} failed: {r['error']}")
+            continue
+        cached = "-" if r["cached_fraction"] is None else f"{r['cached_fraction']:.0%}"
+        print(
+            f"{key + '/' + r['api']:<22} {ms(r['ttft_p50']):>9} {ms(r['ttft_p95']):>9} "
+            f"{ms(r['turn1_ttft_p50']):>10} {r['wall_s']:7.1f}s {cached:>7}"
+            + (f"  ({r['errors']} errors; first: {r['first_error']})" if r["errors"] else "")
+        )
+    if "respd" in agent and "llama-server" in agent:
+        a, b = agent["respd"], agent["llama-server"]
+        if a.get("ttft_p50") and b.get("ttft_p50"):
+            agent["respd_over_llama_ttft_p50"] = a["ttft_p50"] / b["ttft_p50"]
+            agent["respd_over_llama_wall"] = a["wall_s"] / b["wall_s"]
+            print(
+                f"respd / llama-server: TTFT p50 {agent['respd_over_llama_ttft_p50']:.2f}x, "
+                f"wall {agent['respd_over_llama_wall']:.2f}x"
+            )
+    for key in ("respd", "llama-server"):
+        if "flags" in agent.get(key, {}):
+            print(f"{key} flags: {' '.join(agent[key]['flags'])}")
+
+
+def print_edit(edit: dict[str, Any]) -> None:
+    print()
+    print(
+        f"edit: rewrite a ~60-line file renaming one function, {edit['prompts']} files, "
+        f"max {edit['max_tokens']} tokens, temperature 0, {edit['slots']} slots"
+    )
+    head = (
+        f"{'conc':>4} {'config':<30} {'TTFT p50':>9} {'tok/s/stream':>12} {'agg tok/s':>10} "
+        f"{'tokens':>7} {'renamed':>8} {'same text':>9}"
+    )
+    print(head)
+    print("-" * len(head))
+    for r in sorted(edit["rows"], key=lambda r: r["concurrency"]):
+        x = r["extra"]
+        same = x.get("same_text_as_no_spec")
+        print(
+            f"{r['concurrency']:>4} {r['server']:<30} {ms(r['ttft_p50']):>9} "
+            f"{r['per_stream_tps']:12.1f} {r['aggregate_tps']:10.1f} "
+            f"{x.get('completion_tokens_mean', 0):7.0f} {x.get('renamed', 0):8.0%} "
+            f"{'-' if same is None else f'{same:.0%}':>9}"
+            + (f"  ({r['errors']} errors; first: {r['first_error']})" if r["errors"] else "")
+        )
+    for key, value in edit["ratios"].items():
+        print(f"{key}: {value if isinstance(value, str) else f'{value:.2f}x'}")
+    for label, why in edit["not_available"].items():
+        print(f"{label}: not available ({why})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -425,8 +960,33 @@ def main() -> None:
     p.add_argument(
         "--rounds", type=int, default=2, help="requests per level = rounds x level (min 4)"
     )
+    p.add_argument(
+        "--only", default=",".join(CASES), help=f"comma list of cases to run, of {','.join(CASES)}"
+    )
+    g = p.add_argument_group("agent chain")
+    g.add_argument("--agent-conversations", type=int, default=16)
+    g.add_argument("--agent-turns", type=int, default=6)
+    g.add_argument(
+        "--agent-slots", type=int, default=4, help="slots on both servers and client concurrency"
+    )
+    g.add_argument("--agent-max-tokens", type=int, default=24, help="output tokens per turn")
+    g = p.add_argument_group("edit")
+    g.add_argument("--edit-prompts", type=int, default=3, choices=(1, 2, 3), help="files used")
+    g.add_argument("--edit-max-tokens", type=int, default=600)
+    g.add_argument("--edit-levels", default="1,4", help="concurrency levels (slots: the largest)")
+    g.add_argument(
+        "--edit-rounds", type=int, default=1, help="requests per level = rounds x max(level, files)"
+    )
+    g.add_argument(
+        "--llama-spec-types",
+        default="ngram-simple,ngram-mod",
+        help="llama-server --spec-type values to measure (best one is the comparison)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "latest.json")
     args = p.parse_args()
+    only = set(args.only.split(","))
+    if only - set(CASES):
+        p.error(f"--only: unknown case(s) {','.join(sorted(only - set(CASES)))}")
     args.model = args.model or Settings().model_path()
     args.repack = (not cpu_advertises_amx()) if args.repack == "auto" else args.repack == "on"
     levels = [int(x) for x in args.levels.split(",")]
@@ -436,6 +996,9 @@ def main() -> None:
     rows: list[LevelResult] = []
     rss: dict[str, float] = {}
     prefix: dict[str, Any] = {}
+    agent: dict[str, Any] = {}
+    edit: dict[str, Any] = {}
+    ceiling: float | None = None
 
     def measure(server: Server, apis: list[str]) -> None:
         asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
@@ -449,26 +1012,43 @@ def main() -> None:
                     flush=True,
                 )
 
-    llama = start_llama_server(args, log_dir)
-    try:
-        measure(llama, ["chat"])
-        rss[llama.name] = llama.peak_rss_mib()
-        # respd as the stateful layer in front of the same llama-server.
-        front = start_respd_upstream(args, log_dir, llama)
+    def guarded(case: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        # One failing case (a server that will not start) must not lose the others' numbers.
         try:
-            measure(front, ["chat", "responses"])
+            return fn()
+        except CASE_ERRORS as exc:
+            print(f"  {case} failed: {type(exc).__name__}: {exc}", flush=True)
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    if "levels" in only:
+        llama = start_llama_server(args, log_dir)
+        try:
+            measure(llama, ["chat"])
+            rss[llama.name] = llama.peak_rss_mib()
+            # respd as the stateful layer in front of the same llama-server.
+            front = start_respd_upstream(args, log_dir, llama)
+            try:
+                measure(front, ["chat", "responses"])
+            finally:
+                front.stop()
         finally:
-            front.stop()
-    finally:
-        llama.stop()
-    respd = start_respd(args, log_dir)
-    try:
-        measure(respd, ["chat", "responses"])
-        prefix = asyncio.run(prefix_cache_case(respd, args.parallel))
-        rss[respd.name] = respd.peak_rss_mib()
-    finally:
-        respd.stop()
-    ceiling = in_process_ceiling(args, args.max_tokens)
+            llama.stop()
+    if only & {"levels", "prefix"}:
+        respd = start_respd(args, log_dir)
+        try:
+            if "levels" in only:
+                measure(respd, ["chat", "responses"])
+            if "prefix" in only:
+                prefix = asyncio.run(prefix_cache_case(respd, args.parallel))
+            rss[respd.name] = respd.peak_rss_mib()
+        finally:
+            respd.stop()
+    if "agent" in only:
+        agent = guarded("agent", lambda: run_agent_case(args, log_dir, rss))
+    if "edit" in only:
+        edit = guarded("edit", lambda: run_edit_case(args, log_dir, rss))
+    if "ceiling" in only:
+        ceiling = in_process_ceiling(args, args.max_tokens)
 
     def find(name: str, api: str, level: int) -> LevelResult:
         return next(r for r in rows if r.server == name and r.api == api and r.concurrency == level)
@@ -476,16 +1056,17 @@ def main() -> None:
     print()
     print(
         f"model {args.model.name}, threads {args.threads}, ctx {args.ctx_size}/seq, "
-        f"{args.parallel} slots, {args.max_tokens} tokens/request"
+        f"{args.parallel} slots, {args.max_tokens} tokens/request (ignore_eos)"
     )
-    head = (
-        f"{'conc':>4} {'server/api':<19} {'TTFT p50':>9} {'TTFT p95':>9} "
-        f"{'tok/s/stream':>12} {'agg tok/s':>10} {'vs llama-server':>16}"
-    )
-    print(head)
-    print("-" * len(head))
     summary: dict[str, Any] = {"ratios": {}}
-    for level in levels:
+    if rows:
+        head = (
+            f"{'conc':>4} {'server/api':<19} {'TTFT p50':>9} {'TTFT p95':>9} "
+            f"{'tok/s/stream':>12} {'agg tok/s':>10} {'vs llama-server':>16}"
+        )
+        print(head)
+        print("-" * len(head))
+    for level in levels if rows else []:
         base = find("llama-server", "chat", level)
         for name, api in (
             ("llama-server", "chat"),
@@ -498,19 +1079,30 @@ def main() -> None:
             ratio = r.aggregate_tps / base.aggregate_tps if base.aggregate_tps else float("nan")
             r.extra["ratio_vs_llama_server"] = ratio
             summary["ratios"][f"{name}/{api}@{level}"] = ratio
+            notes = []
+            if r.errors:
+                notes.append(f"{r.errors} errors; first: {r.first_error}")
+            if r.extra["short_requests"]:
+                notes.append(f"{r.extra['short_requests']} requests not {args.max_tokens} tokens")
             print(
                 f"{level:>4} {name + '/' + api:<19} {r.ttft_p50 * 1000:8.0f}ms "
                 f"{r.ttft_p95 * 1000:8.0f}ms {r.per_stream_tps:12.1f} {r.aggregate_tps:10.1f} "
-                f"{ratio:15.2f}x"
-                + (f"  ({r.errors} errors; first: {r.first_error})" if r.errors else "")
+                f"{ratio:15.2f}x" + (f"  ({'; '.join(notes)})" if notes else "")
             )
-    single = find("respd", "chat", 1).per_stream_tps
-    print()
-    print(
-        f"in-process ceiling (llama-cpp-python decode, no server): {ceiling:.1f} tok/s; "
-        f"respd single stream {single:.1f} tok/s = {single / ceiling:.2f}x"
-    )
-    if 8 in levels:
+    single = find("respd", "chat", 1).per_stream_tps if rows and 1 in levels else None
+    if ceiling is not None:
+        print()
+        print(
+            f"in-process ceiling (llama-cpp-python decode, no server): {ceiling:.1f} tok/s"
+            + (
+                f"; respd single stream {single:.1f} tok/s = {single / ceiling:.2f}x"
+                if single
+                else ""
+            )
+        )
+        if single:
+            summary["respd_single_over_ceiling"] = single / ceiling
+    if single and 8 in levels:
         agg8 = find("respd", "chat", 8).aggregate_tps
         print(f"respd aggregate at 8 streams / its single stream: {agg8 / single:.2f}x")
         summary["respd_agg8_over_single"] = agg8 / single
@@ -522,12 +1114,24 @@ def main() -> None:
             f"cached {prefix['warm_cached_tokens']}/{prefix['history_tokens']} tokens "
             f"({prefix['cached_fraction']:.0%})"
         )
+    if agent:
+        if "error" in agent:
+            print(f"\nagent chain failed: {agent['error']}")
+        else:
+            print_agent(agent)
+    if edit:
+        if "error" in edit:
+            print(f"\nedit failed: {edit['error']}")
+        else:
+            print_edit(edit)
     summary.update(
         {
+            "cases": sorted(only, key=CASES.index),
             "ceiling_tps": ceiling,
-            "respd_single_over_ceiling": single / ceiling,
             "peak_rss_mib": rss,
             "prefix_cache": prefix,
+            "agent_chain": agent,
+            "edit": edit,
             "rows": [asdict(r) for r in rows],
             "args": {k: str(v) for k, v in vars(args).items()},
         }

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from respd.api.guard import DEFAULT_MAX_REQUEST_BYTES
@@ -192,6 +192,29 @@ class Settings(BaseSettings):
     max_queue: int = Field(
         64, ge=0, description="Requests that may wait for a free slot; beyond it: 503."
     )
+    kv_cache_ram_mb: int = Field(
+        256,
+        ge=0,
+        description="MiB of host memory for KV caches that outlive their slot: before a slot "
+        "is reused for an unrelated prompt, its cached prefix is saved here, and a later "
+        "prompt starting with it is restored instead of prefilled (least recently used go "
+        "first). Saving or restoring copies about as many bytes as the KV cache holds for "
+        "those tokens (22 KiB a token for SmolLM2-135M: 256 MiB keeps ~11,000), far cheaper "
+        "than a prefill; memory is only taken as states are saved. 0: off.",
+    )
+    kv_cache_dir: Path | None = Field(
+        None,
+        description="Directory for a disk tier below --kv-cache-ram-mb: states pushed out of "
+        "memory, and at shutdown those still in memory and in the slots, are written here and "
+        "found again after a restart (files of another model or context layout are deleted "
+        "at start; give each server its own directory). Default: no disk tier.",
+    )
+    kv_cache_disk_mb: int = Field(
+        4096,
+        ge=0,
+        description="MiB the --kv-cache-dir tier may fill, least recently used files deleted "
+        "first.",
+    )
     sse_keepalive_secs: float = Field(
         15.0,
         ge=0.0,
@@ -203,6 +226,30 @@ class Settings(BaseSettings):
         description="Let llama.cpp repack weights into CPU-specific layouts (AMX, AVX2 "
         "tiles), llama-server's --repack/--no-repack. auto: on, except on CPUs that advertise "
         "AMX, where ggml's AMX kernels crash under some hypervisors.",
+    )
+    speculation: Literal["off", "ngram"] = Field(
+        "off",
+        description="Speculative decoding. ngram: prompt lookup, each step also decodes a "
+        "guess at the next tokens (what followed the latest earlier occurrence of the last "
+        "few tokens in the prompt or output) and keeps those the sampler draws itself; output "
+        "is sampled as without it. It pays where output copies its input (rewriting a file, "
+        "quoting); guesses start at one token and grow only while they prove right, so other "
+        "text pays little for it. off: one token per step.",
+    )
+    speculation_draft_max: int = Field(
+        8, ge=1, le=64, description="--speculation ngram: most tokens guessed per step."
+    )
+    speculation_ngram_min: int = Field(
+        5,
+        ge=1,
+        description="--speculation ngram: shortest run of last tokens looked up; shorter runs "
+        "recur by chance more often, and wrong guesses cost decode time.",
+    )
+    speculation_ngram_max: int = Field(
+        8,
+        ge=1,
+        description="--speculation ngram: longest run of last tokens looked up (the longest "
+        "found is used).",
     )
     chat_template: Path | None = Field(
         None, description="Jinja chat template file overriding the one in the GGUF."
@@ -353,6 +400,16 @@ class Settings(BaseSettings):
         "they are ended as incomplete (each client still gets its terminal event); new "
         "requests get a 503 meanwhile. The process then exits 0.",
     )
+    http_parser: Literal["auto", "httptools", "h11"] = Field(
+        "auto",
+        description="HTTP/1.1 parser: httptools (C; least Python per streamed frame), h11 "
+        "(pure Python), or auto (httptools where installed).",
+    )
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto",
+        description="Event loop: uvloop (libuv; cheaper wake-ups and socket writes for many "
+        "streams), asyncio, or auto (uvloop where installed).",
+    )
     header_timeout_secs: float = Field(
         10.0,
         ge=0.0,
@@ -403,6 +460,12 @@ class Settings(BaseSettings):
         if isinstance(value, list):
             return [p.strip() for v in value for p in str(v).split(",") if p.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> Settings:
+        if self.speculation_ngram_min > self.speculation_ngram_max:
+            raise ValueError("--speculation-ngram-min must not exceed --speculation-ngram-max")
+        return self
 
     def sampling_overrides(self) -> dict[str, float]:
         """The sampling settings given (over the embedded model's recommendation when it

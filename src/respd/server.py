@@ -21,6 +21,7 @@ from respd.api.quotas import QuotaSettings
 from respd.config import Settings
 from respd.engines.base import Engine
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.engines.llamacpp.speculation import NgramSpeculation
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
@@ -151,6 +152,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
     if mmproj is not None and not mmproj.is_file():
         raise SystemExit(f"respd: projector file not found: {mmproj}")
     template = settings.chat_template.read_text() if settings.chat_template else None
+    kv_dir = settings.kv_cache_dir.expanduser() if settings.kv_cache_dir else None
     size_mb = path.stat().st_size / 2**20
     started = time.monotonic()
     with console.status(f"[bold]Loading[/] {path.name} ({size_mb:.0f} MiB)…", spinner="dots"):
@@ -167,11 +169,23 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
                 sampling=settings.sampling_overrides(),
+                speculation=NgramSpeculation(
+                    settings.speculation_draft_max,
+                    settings.speculation_ngram_min,
+                    settings.speculation_ngram_max,
+                )
+                if settings.speculation == "ngram"
+                else None,
+                kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
+                kv_cache_dir=kv_dir,
+                kv_cache_disk_bytes=settings.kv_cache_disk_mb * 2**20,
             )
         except ProjectorError as exc:
             raise SystemExit(
                 f"respd: cannot use the projector {mmproj} with {path.name}: {exc}"
             ) from None
+        except OSError as exc:  # the model file was checked above: this is the cache dir
+            raise SystemExit(f"respd: cannot use --kv-cache-dir {kv_dir}: {exc}") from None
     vision = f", vision from {mmproj.name}" if mmproj is not None else ""
     console.print(
         f"Loaded {path.name} in {time.monotonic() - started:.1f}s "
@@ -272,7 +286,8 @@ def serve(settings: Settings) -> int:
         # Generations were drained already (`DrainingServer`); this bounds the rest.
         timeout_graceful_shutdown=CONNECTIONS_GRACE_SECS,
         # uvicorn's h11 protocol, closing connections that stall before a request head.
-        http=header_timeout_protocol(settings.header_timeout_secs),
+        http=header_timeout_protocol(settings.header_timeout_secs, settings.http_parser),
+        loop=settings.event_loop,
     )
     server = DrainingServer(
         config, app.state.runs, settings.shutdown_grace_secs, on_hangup=keys.reload

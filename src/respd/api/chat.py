@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.quotas import stream_slot
-from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
+from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import APIError, ServerError, UpstreamFailed
 from respd.protocol.wire import wire
@@ -62,6 +62,8 @@ async def _stream(
 
     async def frames() -> AsyncIterator[bytes]:
         yield sse_frame(wire(service.chunk(prepared, delta={"role": "assistant", "content": ""})))
+        # Plain text deltas (the bulk of a stream) from a template of this stream's chunk.
+        text = DeltaFrames(wire(service.chunk(prepared, delta={"content": DeltaFrames.TEXT})))
         async with aclosing(stream):
             async for item in stream:
                 if isinstance(item, ChatResult) and item.error is not None:
@@ -78,6 +80,8 @@ async def _stream(
                 elif isinstance(item, ReasoningDelta):
                     delta = {"reasoning_content": item.text}  # the vLLM / llama-server field
                     yield sse_frame(wire(service.chunk(prepared, delta=delta)))
+                elif item.logprobs is None:
+                    yield text.frame(item.text)
                 else:
                     chunk = service.chunk(
                         prepared, delta={"content": item.text}, logprobs=item.logprobs

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
@@ -64,6 +64,26 @@ class EngineCollector(Collector):
         total = GaugeMetricFamily(
             "respd_slots_total", "Generations the engine can run at once.", labels=["model"]
         )
+        restored = CounterMetricFamily(
+            "respd_kv_restored_tokens",
+            "Prompt tokens restored from saved KV states instead of prefilled.",
+            labels=["model"],
+        )
+        kv_bytes = GaugeMetricFamily(
+            "respd_kv_cache_bytes",
+            "Bytes of saved KV states the engine holds, by tier (ram, disk).",
+            labels=["model", "tier"],
+        )
+        drafted = CounterMetricFamily(
+            "respd_draft_tokens",
+            "Tokens guessed by speculative decoding and decoded for checking.",
+            labels=["model"],
+        )
+        accepted = CounterMetricFamily(
+            "respd_draft_accepted_tokens",
+            "Guessed tokens the sampler drew too (each saved a decode step).",
+            labels=["model"],
+        )
         for engine in self.models:
             stats = engine.stats()
             queued.add_metric([engine.model_id], stats.queued)
@@ -71,7 +91,12 @@ class EngineCollector(Collector):
             slots = _slots(engine)
             if slots is not None:
                 total.add_metric([engine.model_id], slots)
-        yield from (queued, active, total)
+            restored.add_metric([engine.model_id], stats.kv_restored_tokens)
+            kv_bytes.add_metric([engine.model_id, "ram"], stats.kv_cache_ram_bytes)
+            kv_bytes.add_metric([engine.model_id, "disk"], stats.kv_cache_disk_bytes)
+            drafted.add_metric([engine.model_id], stats.draft_tokens)
+            accepted.add_metric([engine.model_id], stats.draft_accepted)
+        yield from (queued, active, total, restored, kv_bytes, drafted, accepted)
 
 
 class Metrics:

@@ -15,7 +15,7 @@ from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
-from respd.api.streaming import EventStreamResponse, sse_frame, until_disconnect
+from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.errors import UpstreamFailed
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
@@ -55,9 +55,45 @@ def _sse(
             async for event in events:
                 yield sse_frame(event, event["type"])
 
-    return EventStreamResponse(
-        frames(), keepalive=request.app.state.sse_keepalive, on_close=release
-    )
+    return _frames_response(request, frames(), release)
+
+
+def _frames_response(
+    request: Request, frames: AsyncIterator[bytes], release: Callable[[], None]
+) -> EventStreamResponse:
+    return EventStreamResponse(frames, keepalive=request.app.state.sse_keepalive, on_close=release)
+
+
+# Events sent once per token: framed from a template per output item (see `DeltaFrames`).
+DELTA_EVENTS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.reasoning_text.delta",
+        "response.function_call_arguments.delta",
+    }
+)
+
+
+class EventFrames:
+    """SSE frames of one response's live events: per-token deltas from a template of their
+    item's first delta, everything else dumped whole from its SDK object."""
+
+    def __init__(self) -> None:
+        self._templates: dict[tuple[str, str, int], DeltaFrames] = {}
+
+    def frame(self, event: ResponseStreamEvent) -> bytes:
+        delta = getattr(event, "delta", None)
+        plain = isinstance(delta, str) and not getattr(event, "logprobs", None)
+        if plain and event.type in DELTA_EVENTS:
+            key = (event.type, getattr(event, "item_id", ""), getattr(event, "output_index", 0))
+            template = self._templates.get(key)
+            if template is None:
+                sample = wire(event)
+                sample.update(delta=DeltaFrames.TEXT, sequence_number=DeltaFrames.NUMBER)
+                template = self._templates[key] = DeltaFrames(sample, event.type)
+            return template.frame(str(delta), event.sequence_number)
+        data = wire(event)
+        return sse_frame(data, data["type"])
 
 
 async def _drain(events: AsyncGenerator[Any, None]) -> None:
@@ -112,12 +148,13 @@ async def _create_stream(
             return _sse(request, job.follow(after=-1), release)
         stream = service.respond(prepared)  # admission errors (503) surface before any SSE
 
-    async def events() -> AsyncGenerator[dict[str, Any], None]:
+    async def frames() -> AsyncIterator[bytes]:
+        encoder = EventFrames()
         async with aclosing(stream):
             async for event in stream:
-                yield wire(event)
+                yield encoder.frame(event)
 
-    return _sse(request, events(), release)
+    return _frames_response(request, frames(), release)
 
 
 @router.post("/v1/responses/compact")

@@ -145,6 +145,10 @@ class SamplingParams:
     # N most likely alternatives at that step.
     logprobs: int | None = None
     stop: list[str] = field(default_factory=list)
+    # Benchmark extensions (vLLM, llama-server): end-of-generation tokens cannot end the
+    # output at all (`ignore_eos`, so only `max_tokens` ends it) or not before `min_tokens`.
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
 
 @dataclass
@@ -257,6 +261,14 @@ class EngineStats:
     generated_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # Speculative decoding: draft tokens decoded, and those the sampler then chose too.
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    # Saved KV states outliving their slot: prompt tokens restored from them (counted in
+    # `cached_tokens` too), and the bytes the RAM and disk tiers hold.
+    kv_restored_tokens: int = 0
+    kv_cache_ram_bytes: int = 0
+    kv_cache_disk_bytes: int = 0
     # False when the engine cannot serve any more (its worker died, the upstream is gone).
     healthy: bool = True
     problem: str | None = None

@@ -187,6 +187,9 @@ def request_body(
         "presence_penalty": params.presence_penalty or None,
         "frequency_penalty": params.frequency_penalty or None,
         "stop": params.stop or None,
+        # Extensions vLLM and llama-server read under these names; sent only when set.
+        "ignore_eos": params.ignore_eos or None,
+        "min_tokens": params.min_tokens or None,
     }
     body.update({k: v for k, v in sampling.items() if v is not None})
     if params.logprobs is not None:

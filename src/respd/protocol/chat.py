@@ -45,3 +45,6 @@ class ChatCompletionRequest(BaseModel):
     reasoning_effort: str | None = None
     service_tier: str | None = None
     logit_bias: dict[TokenId, LogitBias] | None = None
+    # Benchmark extensions (vLLM, llama-server): equal-length runs.
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None

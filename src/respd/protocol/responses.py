@@ -88,6 +88,9 @@ class CreateResponseRequest(_Lenient):
     seed: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Benchmark extensions (vLLM, llama-server): equal-length runs.
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
 
 
 INCLUDABLE = frozenset(

@@ -70,11 +70,11 @@ def test_a_failing_sampler_fails_only_its_request(
     real = engine._make_sampler
     calls = {"n": 0}
 
-    def flaky(params: SamplingParams) -> Any:
+    def flaky(params: SamplingParams, **kw: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 1:
             raise TypeError("a sampler that cannot be built")
-        return real(params)
+        return real(params, **kw)
 
     monkeypatch.setattr(engine, "_make_sampler", flaky)
 

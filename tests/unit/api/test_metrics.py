@@ -109,6 +109,27 @@ async def test_metrics_gauges_read_the_engine_at_scrape_time(
     assert value(samples, "respd_queue_depth", model=FAKE_MODEL) == 0
 
 
+async def test_metrics_report_the_kv_tiers(
+    engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = EngineStats(kv_restored_tokens=300, kv_cache_ram_bytes=4096, kv_cache_disk_bytes=512)
+    monkeypatch.setattr(engine, "stats", lambda: stats)
+    samples = await scrape(http)
+    assert value(samples, "respd_kv_restored_tokens_total", model=FAKE_MODEL) == 300
+    assert value(samples, "respd_kv_cache_bytes", model=FAKE_MODEL, tier="ram") == 4096
+    assert value(samples, "respd_kv_cache_bytes", model=FAKE_MODEL, tier="disk") == 512
+
+
+async def test_metrics_report_speculation(
+    engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = EngineStats(draft_tokens=40, draft_accepted=31)
+    monkeypatch.setattr(engine, "stats", lambda: stats)
+    samples = await scrape(http)
+    assert value(samples, "respd_draft_tokens_total", model=FAKE_MODEL) == 40
+    assert value(samples, "respd_draft_accepted_tokens_total", model=FAKE_MODEL) == 31
+
+
 @pytest.fixture()
 async def keyed(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(engine, MemoryStore(), metrics_api_key="metrics-secret")

@@ -302,6 +302,24 @@ async def test_health_probes_the_upstream() -> None:
         assert (await http.get("/health")).status_code == 200
 
 
+async def test_benchmark_extensions_are_forwarded(sent: list[dict[str, Any]]) -> None:
+    """`ignore_eos` and `min_tokens` reach the upstream under the names vLLM and
+    llama-server read, from either API; a request without them sends neither."""
+    async with app_over(streaming(SGLANG), sent) as http:
+        extra = {"ignore_eos": True, "min_tokens": 12}
+        chat = {"model": "front", "messages": [{"role": "user", "content": "hi"}]}
+        r = await http.post("/v1/chat/completions", json=chat | extra | {"max_tokens": 12})
+        assert r.status_code == 200, r.text
+        r = await http.post("/v1/responses", json={"model": "front", "input": "hi"} | extra)
+        assert r.status_code == 200, r.text
+        r = await http.post("/v1/responses", json={"model": "front", "input": "hi"})
+        assert r.status_code == 200, r.text
+    first, second, plain = sent
+    assert (first["ignore_eos"], first["min_tokens"], first["max_tokens"]) == (True, 12, 12)
+    assert (second["ignore_eos"], second["min_tokens"]) == (True, 12)
+    assert "ignore_eos" not in plain and "min_tokens" not in plain
+
+
 def test_upstream_entries() -> None:
     spec = UpstreamSpec.parse("big=http://gpu:8000/v1,model=Qwen/Qwen3-8B,key=sk-x,ctx=32768")
     assert spec == UpstreamSpec(

@@ -56,10 +56,13 @@ from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import ConstraintError
 from respd.engines.families.profile import MEDIA_MARKER, detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
+from respd.engines.llamacpp.kvtier import MIN_RESTORE_TOKENS, KVTier, TierMatch, model_identity
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
-from respd.engines.llamacpp.sampler import GrammarCheckedSampler
-from respd.engines.llamacpp.slots import Slot, place
+from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
+from respd.engines.llamacpp.sampler import GrammarCheckedSampler, token_block
+from respd.engines.llamacpp.slots import Slot, common_prefix, place
+from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
 from respd.engines.prompting import TemplatePrompter
 
 log = logging.getLogger(__name__)
@@ -104,7 +107,8 @@ class _Job:
     grammar_text: str | None
     cache_key: str | None
     loop: asyncio.AbstractEventLoop
-    out: asyncio.Queue[GenerationEvent]
+    out: asyncio.Queue[Batch]
+    outbox: Outbox  # the engine's: holds this job's events until the step ends
     # Image chunks of the prompt: (start position, chunk), in order.
     images: list[tuple[int, ImageChunk]] = field(default_factory=list)
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -117,17 +121,19 @@ class _Job:
     produced: int = 0
     limit: int = 0
     next_token: int | None = None  # sampled, not yet decoded
+    # The sampler chain starts with a block on end-of-generation tokens (`ignore_eos`,
+    # `min_tokens`); for `min_tokens` it comes off once that many tokens are out.
+    eog_blocked: bool = False
+    # Prompt-lookup speculation: the history's n-gram index (built at the first draft) and
+    # the draft decoded after `next_token` this step, which the samples then verify.
+    lookup: NgramLookup | None = None
+    draft: list[int] = field(default_factory=list)
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
 
     def emit(self, event: GenerationEvent) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.out.put_nowait, event)
-        except RuntimeError:
-            # The consumer's event loop is closed: nobody reads this job any more, so it
-            # ends at the next step like a cancelled one instead of stopping the worker.
-            self.cancel.set()
+        self.outbox.put(self, event)
 
     def spans(self) -> list[tuple[int, int]]:
         return [(start, chunk.n_tokens) for start, chunk in self.images]
@@ -152,6 +158,7 @@ class _JobStream:
 
     def __init__(self, job: _Job, release: Callable[[_Job], None]) -> None:
         self._job = job
+        self._events = EventBuffer(job.out)
         self._release = release
         self._done = False
 
@@ -164,7 +171,7 @@ class _JobStream:
     async def __anext__(self) -> GenerationEvent:
         if self._done:
             raise StopAsyncIteration
-        event = await self._job.out.get()
+        event = await self._events.next()
         if isinstance(event, GenerationDone):
             self._done = True
         return event
@@ -194,13 +201,21 @@ class LlamaCppEngine:
         repack: bool | None = None,
         mmproj: Path | None = None,
         sampling: dict[str, float] | None = None,
+        speculation: NgramSpeculation | None = None,
+        kv_cache_ram_bytes: int = 0,
+        kv_cache_dir: Path | None = None,
+        kv_cache_disk_bytes: int = 0,
     ) -> None:
-        """`sampling`: defaults for requests that set none, over the GGUF's own."""
+        """`sampling`: defaults for requests that set none, over the GGUF's own.
+        `speculation`: draft tokens by prompt lookup (None: decode one token at a time).
+        `kv_cache_*`: tiers that keep a slot's KV sequence after the slot is reused (see
+        `kvtier.py`); all zero: none."""
         self.model_id = model_id
         self.model_path = model_path
         self.vision = False
         self.parallel = parallel
         self.max_queue = max_queue
+        self.speculation = speculation
         set_llama_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own chatter
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
@@ -224,6 +239,13 @@ class LlamaCppEngine:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.no_perf = True
+        try:
+            self._kv_tier = self._open_kv_tier(
+                cparams, kv_cache_ram_bytes, kv_cache_dir, kv_cache_disk_bytes
+            )
+        except OSError:
+            self._model.close()
+            raise
         self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
@@ -273,12 +295,16 @@ class LlamaCppEngine:
             - self._stop_ids
         )
         self._worker_error: str | None = None
+        self._outbox = Outbox()  # events of the current step (worker thread only)
         self._slots = [Slot(i) for i in range(parallel)]
         self._pending: deque[_Job] = deque()
         self._admitted = 0  # jobs accepted and not yet finished (running + queued)
         self._lock = threading.Condition()
         self._closing = False
         self._step = 0
+        # Sequences a stream copy was queued for, by the step it was queued at: llama.cpp
+        # copies the buffer at the next decode, so until then their state is not theirs.
+        self._copied_at: dict[int, int] = {}
         self._stats = EngineStats()
         self._worker = threading.Thread(target=self._work, name="llamacpp-batch", daemon=True)
         self._worker.start()
@@ -299,6 +325,14 @@ class LlamaCppEngine:
 
     def _is_stop(self, token: int) -> bool:
         return token in self._stop_ids or bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    @cached_property
+    def _eog_ids(self) -> frozenset[int]:
+        """Every token `_is_stop` ends on. llama.cpp lists its end-of-generation tokens
+        only one id at a time, so the vocabulary is walked once, on first need."""
+        return self._stop_ids | {
+            t for t in range(self._model.n_vocab()) if llama_cpp.llama_vocab_is_eog(self._vocab, t)
+        }
 
     def check_schema(self, schema: dict[str, Any]) -> None:
         check_schema_for_grammar(schema)
@@ -397,12 +431,15 @@ class LlamaCppEngine:
     def stats(self) -> EngineStats:
         with self._lock:
             running = sum(1 for s in self._slots if not s.free)
+            tier = self._kv_tier.stats() if self._kv_tier is not None else None
             return replace(
                 self._stats,
                 running=running,
                 queued=len(self._pending),
                 healthy=self._worker_error is None,
                 problem=self._worker_error,
+                kv_cache_ram_bytes=tier.ram_bytes if tier else 0,
+                kv_cache_disk_bytes=tier.disk_bytes if tier else 0,
             )
 
     # -- admission ------------------------------------------------------------------------
@@ -420,6 +457,7 @@ class LlamaCppEngine:
             cache_key,
             asyncio.get_running_loop(),
             asyncio.Queue(),
+            outbox=self._outbox,
             images=spans,
         )
         with self._lock:
@@ -456,6 +494,7 @@ class LlamaCppEngine:
                 self._pending.clear()
                 for job in jobs:
                     self._finish(job, "error", error=self._worker_error, locked=True)
+            self._outbox.flush()
 
     def _loop(self) -> None:
         while True:
@@ -474,6 +513,8 @@ class LlamaCppEngine:
                         self._finish(slot.job, "error", error=str(exc))
                         slot.tokens = []
                 llama_cpp.llama_memory_clear(self._mem, True)
+            # One hand-over per step: admissions, tokens and endings of every sequence.
+            self._outbox.flush()
 
     def _admit_pending(self) -> None:
         """Move queued jobs into free slots (called with the lock held). A job whose setup
@@ -490,23 +531,32 @@ class LlamaCppEngine:
             self._pending.popleft()
             slot = placement.slot
             seq = slot.seq_id
-            if placement.copy_from is not None:
+            reuse, copy_from = placement.reuse, placement.copy_from
+            if self._kv_tier is not None:
+                reuse, copy_from = self._use_kv_tier(job, slot, reuse, copy_from)
+            if copy_from is not None:
                 # Streams are copied whole (llama.cpp copies the buffer at the next decode);
                 # the tail past the shared prefix is then dropped.
                 llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-                llama_cpp.llama_memory_seq_cp(self._mem, placement.copy_from.seq_id, seq, -1, -1)
-            llama_cpp.llama_memory_seq_rm(self._mem, seq, placement.reuse, -1)
-            slot.tokens = job.prompt[: placement.reuse]
+                llama_cpp.llama_memory_seq_cp(self._mem, copy_from.seq_id, seq, -1, -1)
+                self._copied_at[seq] = self._copied_at[copy_from.seq_id] = self._step
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, reuse, -1)
+            slot.tokens = job.prompt[:reuse]
             slot.job = job
             slot.cache_key = job.cache_key
             job.slot = slot
-            job.cached = placement.reuse
-            job.fed = placement.reuse
+            job.cached = reuse
+            job.fed = reuse
             job.emit(Admitted())
             room = self.context_window - len(job.prompt)
             job.limit = room if job.params.max_tokens is None else min(job.params.max_tokens, room)
             try:
-                job.sampler = self._make_sampler(job.params)
+                # A grammar decides where its output ends (a finished JSON value allows
+                # nothing but the end), so with one the block could leave nothing to sample.
+                job.eog_blocked = job.grammar_text is None and (
+                    job.params.ignore_eos or job.params.min_tokens > 0
+                )
+                job.sampler = self._make_sampler(job.params, block_eog=job.eog_blocked)
                 if job.grammar_text is not None:
                     job.grammar = GrammarCheckedSampler(
                         job.sampler, self._vocab, job.grammar_text, self._model.n_vocab()
@@ -515,12 +565,115 @@ class LlamaCppEngine:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)
 
-    def _make_sampler(self, p: SamplingParams) -> ctypes.c_void_p:
+    # -- KV tiers: a slot's sequence outlives the slot ------------------------------------
+
+    def _open_kv_tier(
+        self, cparams: Any, ram_bytes: int, disk_dir: Path | None, disk_bytes: int
+    ) -> KVTier | None:
+        if ram_bytes <= 0 and (disk_dir is None or disk_bytes <= 0):
+            return None
+        # A saved state is valid only for the same model and the same context layout
+        # (llama.cpp refuses one saved with another number of sequences, for instance).
+        identity = model_identity(
+            self.model_path,
+            n_ctx=cparams.n_ctx,
+            n_seq_max=cparams.n_seq_max,
+            kv_unified=cparams.kv_unified,
+            type_k=cparams.type_k,
+            type_v=cparams.type_v,
+            flash_attn=cparams.flash_attn_type,
+            state_version=llama_cpp.LLAMA_STATE_SEQ_VERSION,
+            llama_cpp=llama_cpp.__version__,
+        )
+        return KVTier(identity, ram_bytes=ram_bytes, disk_dir=disk_dir, disk_bytes=disk_bytes)
+
+    def _settled(self, seq: int) -> bool:
+        """Whether `seq`'s buffer holds its own cells: no stream copy into or out of it is
+        still waiting for the next decode."""
+        return self._copied_at.get(seq, -1) < self._step
+
+    def _use_kv_tier(
+        self, job: _Job, slot: Slot, reuse: int, copy_from: Slot | None
+    ) -> tuple[int, Slot | None]:
+        """Before `slot` takes `job`: save the slot's sequence when the placement would lose
+        a long part of it that nothing else holds, then restore a saved prefix of the
+        prompt when it is longer than any slot offers. Returns the placement's (reuse,
+        copy_from) after that."""
+        tier = self._kv_tier
+        assert tier is not None
+        if not self._settled(slot.seq_id):
+            return reuse, copy_from
+        match = None
+        if not job.images:  # prompts with images skip the tiers: simpler, and rarely long
+            limit = max(len(job.prompt) - 1, 0)
+            match = tier.find(job.prompt, limit, have=reuse, cache_key=job.cache_key)
+        kept = min(common_prefix(slot.tokens, job.prompt), reuse if match is None else match.reuse)
+        self._save_sequence(slot, kept)
+        if match is None:
+            return reuse, copy_from
+        if self._restore_sequence(slot, match):
+            self._stats.kv_restored_tokens += match.reuse
+            return match.reuse, None
+        if copy_from is None:
+            reuse = min(reuse, len(slot.tokens))  # a failed restore has emptied the slot
+        return reuse, copy_from
+
+    def _save_sequence(self, slot: Slot, kept: int, *, slots_stay: bool = True) -> bool:
+        """Put `slot`'s KV sequence in the tier, unless what would be lost past the `kept`
+        tokens is short, or held by the tier already or (while `slots_stay`) another slot."""
+        tier = self._kv_tier
+        assert tier is not None
+        tokens = slot.tokens
+        if len(tokens) - kept < MIN_RESTORE_TOKENS or min(tokens) < 0:
+            return False  # too little to lose, or image positions (no lookup uses them)
+        others = [s for s in self._slots if s is not slot] if slots_stay else []
+        elsewhere = max((common_prefix(tokens, s.tokens) for s in others), default=0)
+        if len(tokens) - max(kept, elsewhere, tier.covers(tokens)) < MIN_RESTORE_TOKENS:
+            return False
+        seq = slot.seq_id
+        # The sequence must hold exactly positions 0..n-1, else its state is not `tokens`'.
+        held = (
+            llama_cpp.llama_memory_seq_pos_min(self._mem, seq),
+            llama_cpp.llama_memory_seq_pos_max(self._mem, seq),
+        )
+        if held != (0, len(tokens) - 1):
+            return False
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, seq)
+        if n == 0:
+            return False
+        return tier.put(tokens, memoryview(buf)[:n].tobytes(), slot.cache_key)
+
+    def _restore_sequence(self, slot: Slot, match: TierMatch) -> bool:
+        """Load `match`'s saved state into `slot`'s sequence (its old cells go first); on
+        False the slot is as it was, or empty when llama.cpp refused the state."""
+        tier = self._kv_tier
+        assert tier is not None
+        state = tier.load(match)
+        if state is None:
+            return False
+        seq = slot.seq_id
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        slot.tokens = []
+        # A pointer into `state` itself (no copy of what may be hundreds of MB).
+        src = ctypes.cast(ctypes.c_char_p(state), ctypes.POINTER(ctypes.c_uint8))
+        if llama_cpp.llama_state_seq_set_data(self._ctx.ctx, src, len(state), seq) == 0:
+            log.warning("llama.cpp refused a saved KV state; it is dropped")
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+            tier.discard(match.id)
+            return False
+        slot.tokens = list(match.tokens)
+        return True
+
+    def _make_sampler(self, p: SamplingParams, *, block_eog: bool = False) -> ctypes.c_void_p:
         d = self.default_sampling
         temperature = d["temperature"] if p.temperature is None else p.temperature
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         try:
             add = llama_cpp.llama_sampler_chain_add
+            if block_eog:  # first, where `_lift_eog_block` finds it
+                add(chain, token_block(self._model.n_vocab(), self._eog_ids))
             repeat = d.get("repeat_penalty", 1.0) if p.repeat_penalty is None else p.repeat_penalty
             if p.presence_penalty or p.frequency_penalty or repeat != 1.0:
                 add(
@@ -551,7 +704,8 @@ class LlamaCppEngine:
         return chain
 
     def _step_once(self) -> None:
-        """Decode one batch: a token per generating sequence plus prompt chunks."""
+        """Decode one batch: a token per generating sequence (and its draft, if any) plus
+        prompt chunks."""
         batch = self._batch
         n = 0
         sample_at: list[tuple[_Job, int]] = []
@@ -568,14 +722,21 @@ class LlamaCppEngine:
                 self._feed_image(job, chunk)
                 break
         running = [s.job for s in self._slots if s.job is not None]
-        # Generating sequences first: each needs exactly one position this step.
-        for job in running:
-            if job.next_token is not None:
-                assert job.slot is not None
-                self._batch_add(n, job.next_token, len(job.slot.tokens), job.slot.seq_id, True)
-                job.slot.tokens.append(job.next_token)
-                job.next_token = None
-                sample_at.append((job, n))
+        # Generating sequences first: each needs one position this step, and a draft as
+        # many more as it holds (one position is kept for each sequence still to come).
+        generating = [job for job in running if job.next_token is not None]
+        for k, job in enumerate(generating):
+            assert job.slot is not None and job.next_token is not None
+            slot = job.slot
+            self._batch_add(n, job.next_token, len(slot.tokens), slot.seq_id, True)
+            slot.tokens.append(job.next_token)
+            job.next_token = None
+            sample_at.append((job, n))
+            n += 1
+            job.draft = self._draft(job, self._n_batch - n - (len(generating) - k - 1))
+            for token in job.draft:
+                self._batch_add(n, token, len(slot.tokens), slot.seq_id, True)
+                slot.tokens.append(token)
                 n += 1
         # Then prompt chunks in the room left, oldest request first.
         for job in running:
@@ -603,7 +764,56 @@ class LlamaCppEngine:
             raise RuntimeError(f"llama_decode returned {rc}")
         self._step += 1
         for job, idx in sample_at:
-            self._sample(job, idx)
+            if job.draft:
+                self._verify(job, idx)
+            else:
+                self._sample(job, idx)
+
+    def _draft(self, job: _Job, room: int) -> list[int]:
+        """A prompt-lookup draft to decode after the token just put in the batch: at most
+        `room` tokens, and none the job could not use (past its limit or its context)."""
+        if self.speculation is None:
+            return []
+        slot = job.slot
+        assert slot is not None
+        # Each draft token is worth decoding only if the sample read after it may still be
+        # output; `limit` also keeps the draft inside the context window.
+        room = min(room, job.limit - job.produced - 1)
+        if room <= 0:
+            return []
+        if job.lookup is None:
+            job.lookup = NgramLookup(self.speculation)
+        # The history is what the sequence holds: prompt and output up to `next_token`
+        # (rejected drafts are trimmed off it before the next step).
+        job.lookup.extend(slot.tokens[len(job.lookup) :])
+        return job.lookup.propose(room)
+
+    def _verify(self, job: _Job, idx: int) -> None:
+        """Sample `job` at `idx` (its `next_token`) and on through its draft while each
+        sample equals the draft token decoded at that position; the cache cells of the
+        draft past the first mismatch are dropped.
+
+        Each token is still the sampler's own choice from logits of the true history (the
+        draft is fixed in advance, so comparing after sampling biases nothing): the output
+        follows the same distribution as without a draft, for any sampler or grammar, and
+        greedy output is the same tokens. A draft only saves the decodes it got right."""
+        slot = job.slot
+        assert slot is not None
+        draft, job.draft = job.draft, []
+        accepted = 0
+        self._sample(job, idx)
+        while accepted < len(draft) and job.next_token == draft[accepted]:
+            job.next_token = None  # already decoded, as part of the draft
+            accepted += 1
+            self._sample(job, idx + accepted)
+        self._stats.draft_tokens += len(draft)
+        self._stats.draft_accepted += accepted
+        if job.lookup is not None:
+            job.lookup.feedback(len(draft), accepted)
+        keep = len(slot.tokens) - (len(draft) - accepted)
+        if keep < len(slot.tokens):
+            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, keep, -1)
+            del slot.tokens[keep:]
 
     def _feed_image(self, job: _Job, chunk: ImageChunk) -> None:
         """Encode an image chunk (unless cached) and decode it into the job's sequence; a
@@ -645,6 +855,7 @@ class LlamaCppEngine:
             self._finish(job, "stop")
             return
         job.produced += 1
+        self._lift_eog_block(job)
         self._stats.generated_tokens += 1
         piece = self._model.detokenize([token], special=token in self._text_marker_ids)
         chunk = TokenChunk(job.decoder.decode(piece), [token])
@@ -658,6 +869,13 @@ class LlamaCppEngine:
             self._finish(job, "length")
         else:
             job.next_token = token
+
+    def _lift_eog_block(self, job: _Job) -> None:
+        """With `min_tokens` produced (and no `ignore_eos`), the model may end again: the
+        block comes out of the chain, leaving the other samplers' state as it was."""
+        if job.eog_blocked and not job.params.ignore_eos and job.produced >= job.params.min_tokens:
+            llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(job.sampler, 0))
+            job.eog_blocked = False
 
     @cached_property
     def _logprob_reader(self) -> LogprobReader:
@@ -709,6 +927,15 @@ class LlamaCppEngine:
             self._closing = True
             self._lock.notify()
         self._worker.join(timeout=5)
+        if self._kv_tier is not None:
+            # With a disk tier, what the slots hold survives the restart too (only once
+            # the worker is gone: it alone may touch the context).
+            if self._kv_tier.persistent and not self._worker.is_alive():
+                # Longest first: a slot holding a prefix of a saved one is then covered.
+                for slot in sorted(self._slots, key=lambda s: -len(s.tokens)):
+                    if self._settled(slot.seq_id):
+                        self._save_sequence(slot, 0, slots_stay=False)
+            self._kv_tier.close()
         self._release_native()
 
     def _release_native(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Collection
 from typing import Any
 
 import llama_cpp
@@ -65,3 +66,15 @@ class GrammarCheckedSampler:
 
     def __del__(self) -> None:
         self.close()
+
+
+def token_block(n_vocab: int, tokens: Collection[int]) -> Any:
+    """A llama.cpp logit-bias sampler that gives `tokens` a logit of -inf, so no later
+    sampler of its chain can pick them (how `ignore_eos`/`min_tokens` keep the output
+    going, as llama-server does)."""
+    ids = sorted(tokens)
+    biases = (llama_cpp.llama_logit_bias * len(ids))(
+        *(llama_cpp.llama_logit_bias(token, -math.inf) for token in ids)
+    )
+    # llama.cpp copies the array, so it need not outlive this call.
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(ids), biases)

@@ -162,6 +162,8 @@ class ChatService:
             seed=req.seed,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
         )
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > MAX_STOP_SEQUENCES:

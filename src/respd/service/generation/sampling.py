@@ -31,6 +31,8 @@ def build_sampling(
     seed: int | None = None,
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    min_tokens: int | None = None,
 ) -> SamplingParams:
     _check_range(temperature, "temperature", 0.0, 2.0)
     _check_range(top_p, "top_p", 0.0, 1.0)
@@ -43,6 +45,19 @@ def build_sampling(
             param=max_tokens_param,
             code="integer_below_min_value",
         )
+    if min_tokens is not None and min_tokens < 0:
+        raise InvalidRequest(
+            f"Invalid 'min_tokens': integer below minimum value. Expected a value >= 0, but "
+            f"got {min_tokens} instead.",
+            param="min_tokens",
+            code="integer_below_min_value",
+        )
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"Invalid 'min_tokens': {min_tokens} is above '{max_tokens_param}' ({max_tokens}).",
+            param="min_tokens",
+            code="invalid_value",
+        )
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -50,4 +65,6 @@ def build_sampling(
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         presence_penalty=presence_penalty or 0.0,
         frequency_penalty=frequency_penalty or 0.0,
+        ignore_eos=bool(ignore_eos),
+        min_tokens=min_tokens or 0,
     )

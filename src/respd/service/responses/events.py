@@ -328,6 +328,14 @@ class ResponseEventMachine:
         self._seq += 1
         return event  # type: ignore[return-value]
 
+    def _delta_event(self, cls: type[BaseModel], **fields: Any) -> ResponseStreamEvent:
+        """A per-token event of plain fields (strings, integers, an empty list), built
+        without validation: its fields are this machine's own, and it is made once per
+        token."""
+        event = cls.model_construct(**fields, sequence_number=self._seq)
+        self._seq += 1
+        return event  # type: ignore[return-value]
+
     # -- transitions ----------------------------------------------------------------------
 
     @property
@@ -394,8 +402,9 @@ class ResponseEventMachine:
         prefix, delta_cls, _, _ = _TEXT_EVENTS[kind]
         extra: dict[str, Any] = {"logprobs": logprobs} if kind == "message" else {}
         t.logprobs += logprobs
+        make = self._event if logprobs else self._delta_event
         events.append(
-            self._event(
+            make(
                 delta_cls,
                 type=f"{prefix}.delta",
                 item_id=t.id,
@@ -543,7 +552,7 @@ class ResponseEventMachine:
         if call.route.kind != "function":
             return []
         return [
-            self._event(
+            self._delta_event(
                 ResponseFunctionCallArgumentsDeltaEvent,
                 type="response.function_call_arguments.delta",
                 item_id=call.id,

@@ -192,6 +192,8 @@ def request_sampling(req: CreateResponseRequest, default_max_tokens: int | None)
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
     )
 
 

@@ -1,0 +1,188 @@
+"""KV states that outlive their slot, with the real model in process: a prompt whose slot
+was taken by an unrelated one is restored from the RAM tier (or, after a restart, the disk
+tier) instead of prefilled, and what it then generates is what a fresh prefill gives."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import pytest
+
+from respd.config import embedded_model_path
+from respd.engines.base import (
+    ChatMessage,
+    GenerationDone,
+    PromptRequest,
+    SamplingParams,
+    TokenChunk,
+)
+from respd.engines.llamacpp import LlamaCppEngine
+from respd.engines.llamacpp.kvtier import HEADER
+from tests.servers import MODEL_ID
+
+FACTS = " ".join(
+    f"Fact {i}: the {c} lighthouse on island {i} was painted {c} in {1900 + 7 * i}."
+    for i, c in enumerate(["red", "blue", "green", "white", "black", "grey"] * 3)
+)
+A = [ChatMessage("user", f"Read these facts carefully.\n{FACTS}\nSay which island is green.")]
+A_NEXT = [*A, ChatMessage("assistant", "Island 2."), ChatMessage("user", "And which is red?")]
+B = [ChatMessage("user", "Write one short line about the sea.")]
+GREEDY = SamplingParams(temperature=0, max_tokens=24)
+MiB = 2**20
+
+
+def make_engine(**tiers: Any) -> LlamaCppEngine:
+    return LlamaCppEngine(
+        embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=1, **tiers
+    )
+
+
+@pytest.fixture()
+def tiered() -> Iterator[LlamaCppEngine]:
+    eng = make_engine(kv_cache_ram_bytes=64 * MiB)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture()
+def plain() -> Iterator[LlamaCppEngine]:
+    eng = make_engine()
+    yield eng
+    eng.close()
+
+
+def run(engine: LlamaCppEngine, messages: list[ChatMessage]) -> tuple[str, GenerationDone, int]:
+    """Greedy text, the done event and the prompt's token count."""
+
+    async def main() -> tuple[str, GenerationDone, int]:
+        prompt = await engine.prepare(PromptRequest(messages, reserve=GREEDY.max_tokens or 1))
+        text, done = "", None
+        async for event in engine.generate(prompt, GREEDY):
+            if isinstance(event, TokenChunk):
+                text += event.text
+            elif isinstance(event, GenerationDone):
+                done = event
+        assert done is not None and done.finish_reason in ("stop", "length"), done
+        return text, done, prompt.n_tokens
+
+    return asyncio.run(main())
+
+
+def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record the whole logits row of each request's first sample (the next-token
+    distribution right after its prompt), read from llama.cpp before the engine samples."""
+    rows: list[Any] = []
+    real = engine._sample
+    n_vocab = engine._model.n_vocab()
+
+    def sample(job: Any, idx: int) -> None:
+        if job.produced == 0:
+            logits = llama_cpp.llama_get_logits_ith(engine._ctx.ctx, idx)
+            rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
+        real(job, idx)
+
+    monkeypatch.setattr(engine, "_sample", sample)
+    return rows
+
+
+def test_a_prompt_evicted_from_its_slot_is_restored(
+    tiered: LlamaCppEngine, plain: LlamaCppEngine
+) -> None:
+    _, done_a, n_a = run(tiered, A)
+    assert n_a >= 200 and done_a.cached_tokens == 0
+    _, done_b, _ = run(tiered, B)  # the only slot now holds B; A's cache was saved first
+    assert done_b.cached_tokens < 64
+    assert tiered.stats().kv_cache_ram_bytes > 0
+    text, done, _ = run(tiered, A_NEXT)
+    assert done.cached_tokens >= 0.9 * n_a, (done.cached_tokens, n_a)
+    assert tiered.stats().kv_restored_tokens == done.cached_tokens
+    fresh_text, fresh, _ = run(plain, A_NEXT)
+    assert fresh.cached_tokens == 0
+    assert text == fresh_text and done.completion_tokens == fresh.completion_tokens
+
+
+def test_restored_prefix_gives_the_logits_of_a_fresh_prefill(
+    tiered: LlamaCppEngine, plain: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restored bytes are the KV cells exactly, so the next-token logits match a fresh
+    engine that prefilled the same prefix and then the same tail: tolerance 1e-5 (float
+    noise only; same kernels and batch shapes, so in practice bit-equal). Against one
+    prefill of the whole prompt in a single batch the logits move by llama.cpp's
+    batch-shape rounding, as ordinary prefix reuse does; there the greedy token agrees."""
+    restored_rows = capture_first_logits(tiered, monkeypatch)
+    fresh_rows = capture_first_logits(plain, monkeypatch)
+    run(tiered, A)
+    run(tiered, B)
+    _, restored, _ = run(tiered, A_NEXT)
+    assert restored.cached_tokens > 0 and tiered.stats().kv_restored_tokens > 0
+    run(plain, A)  # the same prefix prefilled the same way, kept in its slot
+    _, reused, _ = run(plain, A_NEXT)
+    assert reused.cached_tokens == restored.cached_tokens
+    restored_row, fresh_row = restored_rows[2], fresh_rows[1]
+    assert np.abs(restored_row - fresh_row).max() < 1e-5
+    single, without = make_engine(), None
+    try:
+        single_rows = capture_first_logits(single, monkeypatch)
+        run(single, A_NEXT)  # one prefill of the whole prompt
+        without = single_rows[0]
+    finally:
+        single.close()
+    assert int(np.argmax(without)) == int(np.argmax(restored_row))
+    print("max |logit diff| vs a single-batch prefill:", np.abs(without - restored_row).max())
+
+
+def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
+    tiers = {
+        "kv_cache_ram_bytes": 64 * MiB,
+        "kv_cache_dir": tmp_path,
+        "kv_cache_disk_bytes": 256 * MiB,
+    }
+    first = make_engine(**tiers)
+    try:
+        _, _, n_a = run(first, A)
+        run(first, B)  # evicts A from the slot into the RAM tier
+        assert list(tmp_path.iterdir()) == []  # RAM holds it until pushed out or closed
+    finally:
+        first.close()
+    files = list(tmp_path.glob("*.kv"))
+    assert len(files) == 1 and first.stats().kv_cache_disk_bytes == files[0].stat().st_size
+    second = make_engine(**tiers)
+    try:
+        assert second.stats().kv_cache_disk_bytes == files[0].stat().st_size
+        _, done, _ = run(second, A_NEXT)
+        assert done.cached_tokens >= 0.9 * n_a, (done.cached_tokens, n_a)
+        assert second.stats().kv_restored_tokens == done.cached_tokens
+    finally:
+        second.close()
+    # A file whose header holds but whose state llama.cpp refuses: prefill as if absent.
+    [saved] = tmp_path.glob("*.kv")
+    data = bytearray(saved.read_bytes())
+    _, _, n_tokens, key_len, state_len = HEADER.unpack_from(data)
+    start = HEADER.size + 4 * n_tokens + key_len
+    data[start : start + state_len] = bytes(state_len)
+    saved.write_bytes(bytes(data))
+    third = make_engine(**tiers)
+    try:
+        text, done, _ = run(third, A_NEXT)
+        assert done.cached_tokens == 0 and third.stats().kv_restored_tokens == 0
+        assert not saved.exists()  # dropped
+        with_plain = make_engine()
+        try:
+            assert text == run(with_plain, A_NEXT)[0]
+        finally:
+            with_plain.close()
+    finally:
+        third.close()
+    # Another context layout cannot use these states: the files are dropped at start.
+    other = LlamaCppEngine(
+        embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=2, **tiers
+    )
+    try:
+        assert list(tmp_path.glob("*.kv")) == [] and other.stats().kv_cache_disk_bytes == 0
+    finally:
+        other.close()
