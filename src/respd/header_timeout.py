@@ -25,47 +25,6 @@ except ImportError:  # httptools is not installed: h11 serves alone
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """`H11Protocol` that closes a connection whose request head is not complete in time;
-    subclass it with `header_timeout_protocol` to set the deadline."""
-
-    header_timeout: float = 10.0
-    _head_timer: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm()
-
-    def data_received(self, data: bytes) -> None:
-        if self.conn.their_state is h11.IDLE:
-            self._arm()  # the head of a kept-alive connection's next request begins
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:
-            self._disarm()  # a whole head arrived: the request has begun
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self) -> None:
-        if self._head_timer is None and self.header_timeout > 0:
-            self._head_timer = self.loop.call_later(self.header_timeout, self._expire)
-
-    def _disarm(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _expire(self) -> None:
-        self._head_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-            return
-        self.logger.debug("closing a connection that sent no complete request head in time")
-        with contextlib.suppress(h11.LocalProtocolError):
-            self.conn.send(h11.ConnectionClosed())
-        self.transport.close()
-
-
 class _HeadTimer:
     """The deadline of one connection's request head."""
 
@@ -82,6 +41,39 @@ class _HeadTimer:
         if self.handle is not None:
             self.handle.cancel()
             self.handle = None
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """`H11Protocol` that closes a connection whose request head is not complete in time;
+    subclass it with `header_timeout_protocol` to set the deadline."""
+
+    header_timeout: float = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._head = _HeadTimer()
+        super().connection_made(transport)
+        self._head.arm(self.loop, self.header_timeout, self._expire)
+
+    def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE:
+            # The head of a kept-alive connection's next request begins.
+            self._head.arm(self.loop, self.header_timeout, self._expire)
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:
+            self._head.disarm()  # a whole head arrived: the request has begun
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head.disarm()
+        super().connection_lost(exc)
+
+    def _expire(self) -> None:
+        self._head.handle = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        self.logger.debug("closing a connection that sent no complete request head in time")
+        with contextlib.suppress(h11.LocalProtocolError):
+            self.conn.send(h11.ConnectionClosed())
+        self.transport.close()
 
 
 if HttpToolsProtocol is not None:

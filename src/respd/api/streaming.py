@@ -96,13 +96,14 @@ class EventStreamResponse(StreamingResponse):
         )
 
     async def _keep_alive(self, send: Send) -> None:
+        clock = asyncio.get_running_loop().time  # the clock `_last_write` is read from
         wait = self._keepalive
         while True:
             await anyio.sleep(wait)
-            quiet = anyio.current_time() - self._last_write
+            quiet = clock() - self._last_write
             if quiet >= self._keepalive:
                 await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-                self._last_write = anyio.current_time()
+                self._last_write = clock()
                 wait = self._keepalive
             else:
                 wait = self._keepalive - quiet

@@ -19,10 +19,10 @@ from respd.engines.base import (
     GenerationDone,
     PromptRequest,
     SamplingParams,
-    TokenChunk,
 )
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.kvtier import HEADER
+from tests.integration.engines.output import collect
 from tests.servers import MODEL_ID
 
 FACTS = " ".join(
@@ -61,14 +61,9 @@ def run(engine: LlamaCppEngine, messages: list[ChatMessage]) -> tuple[str, Gener
 
     async def main() -> tuple[str, GenerationDone, int]:
         prompt = await engine.prepare(PromptRequest(messages, reserve=GREEDY.max_tokens or 1))
-        text, done = "", None
-        async for event in engine.generate(prompt, GREEDY):
-            if isinstance(event, TokenChunk):
-                text += event.text
-            elif isinstance(event, GenerationDone):
-                done = event
-        assert done is not None and done.finish_reason in ("stop", "length"), done
-        return text, done, prompt.n_tokens
+        out = await collect(engine, prompt, GREEDY)
+        assert out.finished.finish_reason in ("stop", "length"), out.done
+        return out.text, out.finished, prompt.n_tokens
 
     return asyncio.run(main())
 

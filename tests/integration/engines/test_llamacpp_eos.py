@@ -17,10 +17,10 @@ from respd.engines.base import (
     GenerationDone,
     PromptRequest,
     SamplingParams,
-    TokenChunk,
 )
 from respd.engines.constraints import Constraint
 from respd.engines.llamacpp import LlamaCppEngine
+from tests.integration.engines.output import collect
 from tests.servers import MODEL_ID
 
 
@@ -38,15 +38,8 @@ def run(
 ) -> tuple[str, GenerationDone]:
     async def main() -> tuple[str, GenerationDone]:
         request = PromptRequest([ChatMessage("user", "Say hi.")], constraint=constraint)
-        prompt = await engine.prepare(request)
-        text, done = "", None
-        async for event in engine.generate(prompt, params):
-            if isinstance(event, TokenChunk):
-                text += event.text
-            else:
-                done = event
-        assert done is not None
-        return text, done
+        out = await collect(engine, await engine.prepare(request), params)
+        return out.text, out.finished
 
     return asyncio.run(main())
 

@@ -22,9 +22,9 @@ from respd.engines.base import (
     GenerationStream,
     PromptRequest,
     SamplingParams,
-    TokenChunk,
 )
 from respd.engines.llamacpp import LlamaCppEngine
+from tests.integration.engines.output import collect
 from tests.servers import MODEL_ID
 
 
@@ -39,14 +39,8 @@ def engine() -> Iterator[LlamaCppEngine]:
 
 async def _run(engine: LlamaCppEngine, params: SamplingParams) -> tuple[str, GenerationDone]:
     prompt = await engine.prepare(PromptRequest([ChatMessage("user", "Say hello.")], reserve=16))
-    text, done = "", None
-    async for event in engine.generate(prompt, params):
-        if isinstance(event, TokenChunk):
-            text += event.text
-        else:
-            done = event
-    assert done is not None
-    return text, done
+    out = await collect(engine, prompt, params)
+    return out.text, out.finished
 
 
 def test_penalties_generate(engine: LlamaCppEngine) -> None:

@@ -21,17 +21,15 @@ import pytest
 from respd.config import embedded_model_path
 from respd.engines.base import (
     ChatMessage,
-    GenerationDone,
     Prompt,
     PromptRequest,
     SamplingParams,
-    TokenChunk,
-    TokenLogprob,
 )
 from respd.engines.constraints import Constraint
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.slots import Slot
 from respd.engines.llamacpp.speculation import NgramSpeculation
+from tests.integration.engines.output import Output, collect
 from tests.servers import MODEL_ID
 
 SPECULATION = NgramSpeculation(draft_max=8, ngram_min=3, ngram_max=5)
@@ -75,27 +73,9 @@ def repeat_prompt(engine: LlamaCppEngine, text: str, words: int = 3) -> Prompt:
     return engine.prompt_of(engine.tokenize(rendered + opening))
 
 
-class Run:
-    """One generation's tokens, logprobs and end."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.text = ""
-        self.logprobs: list[TokenLogprob] = []
-        self.done: GenerationDone | None = None
-
-
-async def _run(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams) -> Run:
-    run = Run()
-    async for event in engine.generate(prompt, params):
-        if isinstance(event, TokenChunk):
-            run.tokens += event.token_ids
-            run.text += event.text
-            run.logprobs += event.logprobs
-        else:
-            run.done = event
-    assert run.done is not None
-    assert run.done.completion_tokens == len(run.tokens)
+async def _run(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams) -> Output:
+    run = await collect(engine, prompt, params)
+    assert run.finished.completion_tokens == len(run.tokens)
     return run
 
 
@@ -105,12 +85,12 @@ def generate(
     params: SamplingParams,
     *,
     speculation: bool,
-) -> tuple[list[Run], int, int]:
+) -> tuple[list[Output], int, int]:
     """Run `prompts` concurrently; their runs, and the draft tokens decoded and accepted."""
     engine.speculation = SPECULATION if speculation else None
     before = engine.stats()
 
-    async def main() -> list[Run]:
+    async def main() -> list[Output]:
         return list(await asyncio.gather(*(_run(engine, p, params) for p in prompts)))
 
     runs = asyncio.run(main())

@@ -42,21 +42,17 @@ class Outbox:
     worker thread uses an outbox."""
 
     def __init__(self) -> None:
-        self._held: dict[int, tuple[Recipient, Batch]] = {}
+        self._held: dict[Recipient, Batch] = {}  # jobs hash by identity
 
     def put(self, job: Recipient, event: GenerationEvent) -> None:
-        held = self._held.get(id(job))
-        if held is None:
-            self._held[id(job)] = (job, [event])
-        else:
-            held[1].append(event)
+        self._held.setdefault(job, []).append(event)
 
     def flush(self) -> None:
         """Hand every held event to its loop: one call per loop, in the order put."""
         if not self._held:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Recipient, Batch]]] = {}
-        for job, events in self._held.values():
+        for job, events in self._held.items():
             by_loop.setdefault(job.loop, []).append((job, events))
         self._held.clear()
         for loop, entries in by_loop.items():

@@ -1,0 +1,43 @@
+"""Reading one generation of an in-process engine to its end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from respd.engines.base import (
+    GenerationDone,
+    Prompt,
+    SamplingParams,
+    TokenChunk,
+    TokenLogprob,
+)
+from respd.engines.llamacpp import LlamaCppEngine
+
+
+@dataclass
+class Output:
+    """What one generation produced: its text, token ids, logprobs and done event."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    done: GenerationDone | None = None
+
+    @property
+    def finished(self) -> GenerationDone:
+        assert self.done is not None
+        return self.done
+
+
+async def collect(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams) -> Output:
+    """Every event of one generation, until its `GenerationDone`."""
+    out = Output()
+    async for event in engine.generate(prompt, params):
+        if isinstance(event, TokenChunk):
+            out.text += event.text
+            out.tokens += event.token_ids
+            out.logprobs += event.logprobs
+        elif isinstance(event, GenerationDone):
+            out.done = event
+    assert out.done is not None
+    return out
