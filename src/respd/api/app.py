@@ -101,7 +101,8 @@ def create_app(
     app.state.conversations = ConversationsService(
         store, service.media, input_limits, service.sealer
     )
-    app.state.files = FilesService(store, max_file_bytes)
+    app.state.files = FilesService(store, max_file_bytes, service.media.cache)
+    app.state.media_cache = service.media.cache
     app.state.chat = ChatService(
         models, service.media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
     )
@@ -130,7 +131,7 @@ def create_app(
     if guard is not None:
         app.add_middleware(RequestGuard, settings=guard)
     app.add_middleware(RequestIdMiddleware)
-    install_metrics(app, models, store, runs, metrics_api_key)
+    install_metrics(app, models, store, runs, metrics_api_key, service.media.cache)
     if quotas is not None and quotas.tokens_per_minute:
         runs.observer = TokenAccounting(app.state.quotas, then=runs.observer)
     return app

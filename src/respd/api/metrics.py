@@ -1,5 +1,5 @@
 """`GET /metrics`: Prometheus text exposition of requests, tokens, latencies, the engines'
-slots and queues, and what the store holds.
+slots, queues and image work, the media cache, and what the store holds.
 
 Each app has its own `CollectorRegistry` (tests build many apps in one process). Requests
 are counted by a pure ASGI middleware (a `BaseHTTPMiddleware` would buffer streams) under
@@ -25,6 +25,7 @@ from respd.api.identity import Unauthorized, presented_key
 from respd.engines.base import Engine
 from respd.service.generation.core import ActiveRuns, Api
 from respd.service.generation.output import Usage
+from respd.service.media.cache import MediaCache
 from respd.service.models import ModelRegistry
 from respd.store import Store
 
@@ -84,6 +85,16 @@ class EngineCollector(Collector):
             "Guessed tokens the sampler drew too (each saved a decode step).",
             labels=["model"],
         )
+        tokenized = CounterMetricFamily(
+            "respd_images_tokenized",
+            "Images the projector turned into chunks (not found in its cache).",
+            labels=["model"],
+        )
+        encoded = CounterMetricFamily(
+            "respd_image_chunks_encoded",
+            "Image chunks whose embeddings the vision encoder computed.",
+            labels=["model"],
+        )
         for engine in self.models:
             stats = engine.stats()
             queued.add_metric([engine.model_id], stats.queued)
@@ -96,13 +107,44 @@ class EngineCollector(Collector):
             kv_bytes.add_metric([engine.model_id, "disk"], stats.kv_cache_disk_bytes)
             drafted.add_metric([engine.model_id], stats.draft_tokens)
             accepted.add_metric([engine.model_id], stats.draft_accepted)
+            tokenized.add_metric([engine.model_id], stats.images_tokenized)
+            encoded.add_metric([engine.model_id], stats.image_chunks_encoded)
         yield from (queued, active, total, restored, kv_bytes, drafted, accepted)
+        yield from (tokenized, encoded)
+
+
+class MediaCacheCollector(Collector):
+    """The media cache's hits, misses and size, read at scrape time."""
+
+    def __init__(self, cache: MediaCache) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.cache.stats()
+        yield CounterMetricFamily(
+            "respd_media_cache_hits",
+            "Input images and documents taken from the media cache.",
+            value=stats.hits,
+        )
+        yield CounterMetricFamily(
+            "respd_media_cache_misses",
+            "Input images and documents not in the media cache (fetched, decoded, checked).",
+            value=stats.misses,
+        )
+        yield GaugeMetricFamily(
+            "respd_media_cache_bytes", "Bytes the media cache holds.", value=stats.bytes
+        )
+        yield GaugeMetricFamily(
+            "respd_media_cache_entries", "Entries the media cache holds.", value=stats.entries
+        )
 
 
 class Metrics:
     """The app's registry and instruments; also the generation core's observer."""
 
-    def __init__(self, models: ModelRegistry, store: Store) -> None:
+    def __init__(
+        self, models: ModelRegistry, store: Store, media_cache: MediaCache | None = None
+    ) -> None:
         self.store = store
         self.registry = CollectorRegistry()
         r = self.registry
@@ -139,6 +181,8 @@ class Metrics:
             "respd_store_records", "Records the store holds, by kind.", ["kind"], registry=r
         )
         r.register(EngineCollector(models))
+        if media_cache is not None:
+            r.register(MediaCacheCollector(media_cache))
 
     # -- GenerationObserver ---------------------------------------------------------------
 
@@ -241,12 +285,17 @@ async def scrape(request: Request) -> Response:
 
 
 def install_metrics(
-    app: FastAPI, models: ModelRegistry, store: Store, runs: ActiveRuns, api_key: str | None
+    app: FastAPI,
+    models: ModelRegistry,
+    store: Store,
+    runs: ActiveRuns,
+    api_key: str | None,
+    media_cache: MediaCache | None = None,
 ) -> Metrics:
     """Serve `/metrics` (behind `api_key` when one is given), count every request, and
     observe every generation. Call it after the other middlewares: it wraps them all, so
     requests they refuse are counted too."""
-    metrics = Metrics(models, store)
+    metrics = Metrics(models, store, media_cache)
     runs.observer = metrics
     app.state.metrics = metrics
     app.state.metrics_api_key = api_key or None

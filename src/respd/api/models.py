@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from respd.engines.base import Engine
+from respd.service.media.cache import MediaCache
 from respd.service.models import ModelRegistry
 
 router = APIRouter()
@@ -55,10 +56,13 @@ async def health(request: Request) -> JSONResponse:
     stats = {e.model_id: e.stats() for e in engines}
     healthy = all(s.healthy for s in stats.values())
     first = engines[0]
-    body = {
+    body: dict[str, Any] = {
         "status": "ok" if healthy else "unhealthy",
         "model": first.model_id,
         "engine": asdict(stats[first.model_id]),
         "engines": {model: asdict(s) for model, s in stats.items()},
     }
+    cache: MediaCache | None = getattr(request.app.state, "media_cache", None)
+    if cache is not None:  # input media kept by source: hits, misses, bytes, entries
+        body["media_cache"] = asdict(cache.stats())
     return JSONResponse(body, status_code=200 if healthy else 503)

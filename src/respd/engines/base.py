@@ -269,6 +269,10 @@ class EngineStats:
     kv_restored_tokens: int = 0
     kv_cache_ram_bytes: int = 0
     kv_cache_disk_bytes: int = 0
+    # Image work: images tokenized into chunks by the projector (not found in its cache),
+    # and image chunks whose embeddings the vision encoder computed.
+    images_tokenized: int = 0
+    image_chunks_encoded: int = 0
     # False when the engine cannot serve any more (its worker died, the upstream is gone).
     healthy: bool = True
     problem: str | None = None

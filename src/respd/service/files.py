@@ -1,5 +1,6 @@
 """The Files API: uploaded bytes with OpenAI's `FileObject` metadata, owner-scoped, optionally
-expiring. `read_file` is how the rest of the service resolves a `file_id` in model input.
+expiring. `read_file` and `file_not_found` are how the rest of the service reads a `file_id`
+in model input.
 
 Nothing here knows about HTTP: `api/files.py` parses the multipart form (and stops reading an
 upload once it is over `max_file_bytes`), this module validates and stores it.
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter, NotFound
+from respd.service.media.cache import MediaCache
 from respd.service.pages import page
 from respd.store.base import JSON, FileRecord, Store
 
@@ -130,9 +132,15 @@ async def read_file(
 
 
 class FilesService:
-    def __init__(self, store: Store, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        media_cache: MediaCache | None = None,
+    ) -> None:
         self.store = store
         self.max_file_bytes = max_file_bytes
+        self.media_cache = media_cache
 
     async def create(
         self,
@@ -200,4 +208,6 @@ class FilesService:
     async def delete(self, owner: str, file_id: str) -> JSON:
         if not await self.store.delete_file(owner, file_id):
             raise file_not_found(file_id)
+        if self.media_cache is not None:  # what was decoded from it goes with it
+            self.media_cache.forget_file(owner, file_id)
         return {"id": file_id, "object": "file", "deleted": True}

@@ -130,6 +130,27 @@ async def test_metrics_report_speculation(
     assert value(samples, "respd_draft_accepted_tokens_total", model=FAKE_MODEL) == 31
 
 
+async def test_metrics_report_image_work(
+    engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = EngineStats(images_tokenized=3, image_chunks_encoded=5)
+    monkeypatch.setattr(engine, "stats", lambda: stats)
+    samples = await scrape(http)
+    assert value(samples, "respd_images_tokenized_total", model=FAKE_MODEL) == 3
+    assert value(samples, "respd_image_chunks_encoded_total", model=FAKE_MODEL) == 5
+    health = (await http.get("/health")).json()
+    assert health["engine"]["images_tokenized"] == 3
+    assert health["engine"]["image_chunks_encoded"] == 5
+
+
+async def test_metrics_report_the_media_cache(http: httpx.AsyncClient) -> None:
+    samples = await scrape(http)
+    for name in ("respd_media_cache_hits_total", "respd_media_cache_misses_total"):
+        assert (name, frozenset()) in samples and value(samples, name) == 0
+    assert value(samples, "respd_media_cache_bytes") == 0
+    assert value(samples, "respd_media_cache_entries") == 0
+
+
 @pytest.fixture()
 async def keyed(engine: FakeEngine) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(engine, MemoryStore(), metrics_api_key="metrics-secret")

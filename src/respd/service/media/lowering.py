@@ -4,7 +4,9 @@ Media parts arrive already resolved (`resolver.py` fetched, decoded and checked 
 by part path), so everything here is pure. User-turn images stay in place as one media
 marker each; images of other turns, and of array tool outputs, move to a user turn right
 after (a tool turn then ends with `ATTACHED_LINE`); tool-output parts of no known type stay
-as one line of JSON; files become `<file name="…">` text blocks.
+as one line of JSON; files become `<file name="…">` text blocks. A model without image input
+refuses images with a 400, or, with `--image-input-fallback placeholder`, reads one line of
+text in each one's place (`placeholder`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from respd.engines.base import ChatMessage, Image
 from respd.engines.families.profile import MEDIA_MARKER
 from respd.protocol.errors import InvalidRequest, MissingParameter
 from respd.service.media.parts import FILE_PARTS, IMAGE_PARTS, TEXT_PARTS
-from respd.service.media.resolver import FileText, Media
+from respd.service.media.resolver import CheckedImage, FileText, Media
 
 _NO_INPUT_PARTS = ("input_audio", "video_url")
 IMAGE_DETAILS = ("low", "high", "auto", "original")
@@ -26,17 +28,28 @@ ATTACHED_LINE = "[Image output attached in the next message]"
 NO_EFFECTIVE_INPUT = "Request must include at least one non-empty message content or media input."
 
 
+def placeholder(image: Image) -> str:
+    """The line a model without image input reads where an image was:
+    `[image: 640x480 image/png omitted; this model cannot see images]`."""
+    size = f"{image.width}x{image.height}" if isinstance(image, CheckedImage) else ""
+    about = " ".join(x for x in (size, image.mime_type) if x)
+    return f"[image{': ' + about if about else ''} omitted; this model cannot see images]"
+
+
 @dataclass(frozen=True)
 class Lowering:
     """How media parts lower: what the resolution pass found for each part path, and
-    whether (and with which marker) the model takes images."""
+    whether (and with which marker) the model takes images; without image input, whether
+    images become placeholder text (`image_placeholders`) instead of a 400."""
 
     model_id: str
     vision: bool = False
     marker: str = MEDIA_MARKER
     media: Media = field(default_factory=dict)
+    image_placeholders: bool = False
 
-    def image(self, part: dict[str, Any], p: str) -> Image:
+    def image(self, part: dict[str, Any], p: str) -> Image | str:
+        """The image to give the model, or the text it reads instead of one."""
         kind = part["type"]
         if kind == "image_url" and isinstance(part.get("image_url"), dict):
             detail, detail_param = part["image_url"].get("detail"), f"{p}.image_url.detail"
@@ -53,6 +66,8 @@ class Lowering:
         if not isinstance(resolved, Image):
             raise RuntimeError(f"{p}: expected a resolved image")
         if not self.vision:
+            if self.image_placeholders:
+                return placeholder(resolved)
             raise InvalidRequest(
                 f"The model '{self.model_id}' has no image input; the '{kind}' content at "
                 f"'{p}' cannot be processed. Use a vision model.",

@@ -5,7 +5,8 @@
 `file_id` in the store, or, with `--allow-remote-media`, an `http(s)` URL) into checked
 bytes: an `Image` Pillow has decoded within the limits, or a `FileText` holding a document's
 text. The result maps each part's path (`input[0].content[1]`) to what it resolved to;
-`lowering.py` then lowers the conversation from it without doing any I/O itself.
+`lowering.py` then lowers the conversation from it without doing any I/O itself. Results are
+kept by source in a `MediaCache` (`cache.py`), so replayed history is not resolved twice.
 
 Errors name the field that holds the bad data (`input[0].content[1].image_url`), with
 OpenAI's image error codes where one fits.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
 import io
 import ipaddress
 import mimetypes
@@ -23,16 +25,22 @@ import posixpath
 import socket
 import urllib.parse
 import warnings
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from respd.engines.base import Image
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
-from respd.service.files import read_file
-from respd.service.media.parts import FILE_PARTS, IMAGE_PARTS
+from respd.service.files import file_not_found
+from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB, FILE, Key, MediaCache
+from respd.service.media.parts import (
+    DEFAULT_IMAGE_INPUT_FALLBACK,
+    FILE_PARTS,
+    IMAGE_PARTS,
+    ImageFallback,
+)
 from respd.store.base import JSON, FileRecord, Store
 
 MIB = 2**20
@@ -179,6 +187,17 @@ class MediaSettings:
     max_input_file_bytes: int = 32 * MIB  # an `input_file` document given inline or by URL
     allow_remote_media: bool = False
     remote_media_timeout_secs: float = 10.0
+    cache_bytes: int = DEFAULT_MEDIA_CACHE_MB * MIB  # resolved media kept by source; 0: none
+    image_input_fallback: ImageFallback = DEFAULT_IMAGE_INPUT_FALLBACK
+
+
+@dataclass(frozen=True, eq=False)
+class CheckedImage(Image):
+    """An image as `check_image` found it: its pixel size rides along for a model that
+    cannot see it (the placeholder text names it)."""
+
+    width: int = 0
+    height: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,6 +215,9 @@ class FileText:
 
 Resolved = Image | FileText
 Media = Mapping[str, Resolved]
+R = TypeVar("R", Image, FileText)
+# Data URLs longer than this are hashed off the event loop (hashlib releases the GIL).
+_HASH_IN_THREAD = MIB
 
 
 def _bad(message: str, param: str, code: str) -> InvalidRequest:
@@ -248,7 +270,7 @@ def _too_many_bytes(param: str, what: str, limit: int) -> InvalidRequest:
 # -- images -------------------------------------------------------------------------------
 
 
-def check_image(data: bytes, declared: str, param: str, settings: MediaSettings) -> Image:
+def check_image(data: bytes, declared: str, param: str, settings: MediaSettings) -> CheckedImage:
     """Decode `data` with Pillow within the limits; the returned Image carries the MIME type
     of the format actually found (a mislabelled PNG is still a PNG)."""
     from PIL import Image as PILImage
@@ -296,7 +318,7 @@ def check_image(data: bytes, declared: str, param: str, settings: MediaSettings)
         raise _bad(
             f"Invalid '{param}': the image could not be decoded ({exc}).", param, "invalid_image"
         ) from None
-    return Image(data, IMAGE_FORMATS[fmt])
+    return CheckedImage(data, IMAGE_FORMATS[fmt], width=width, height=height)
 
 
 def _unsupported_image(mime: str, param: str) -> InvalidRequest:
@@ -526,12 +548,17 @@ def _name_from_url(url: str) -> str:
     return posixpath.basename(urllib.parse.urlsplit(url).path) or "file"
 
 
+def _url_digest(url: str) -> str:
+    return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class MediaResolver:
     """Resolves every media part of an input, owner-scoped for `file_id`s."""
 
     def __init__(self, store: Store, settings: MediaSettings | None = None) -> None:
         self.store = store
         self.settings = settings or MediaSettings()
+        self.cache = MediaCache(self.settings.cache_bytes)
 
     # The walks: which parts of which items hold media. They skip malformed shapes;
     # translation reports those with their exact paths.
@@ -576,6 +603,23 @@ class MediaResolver:
             elif kind in FILE_PARTS:
                 found[p] = await self.document(part, p, owner)
 
+    async def _cached(self, key: Key, kind: type[R], resolve: Callable[[], Awaitable[R]]) -> R:
+        """What `key` resolved to before, else `resolve()` (kept when it succeeds)."""
+        hit = self.cache.get(key)
+        if isinstance(hit, kind):
+            return hit
+        value = await resolve()
+        self.cache.put(key, value)
+        return value
+
+    async def _data_key(self, what: str, url: str, *rest: str) -> Key:
+        digest = (
+            await asyncio.to_thread(_url_digest, url)
+            if len(url) > _HASH_IN_THREAD
+            else _url_digest(url)
+        )
+        return ("data", what, digest, *rest)
+
     # Images.
 
     async def image(self, part: JSON, p: str, owner: str) -> Image:
@@ -589,10 +633,18 @@ class MediaResolver:
         if isinstance(url, str) and url:
             return await self._image_url(url, f"{p}.image_url")
         if isinstance(file_id, str) and file_id:
-            record, data = await self._stored_file(owner, file_id, f"{p}.file_id", "image")
-            return await asyncio.to_thread(
-                check_image, data, record.mime_type, f"{p}.file_id", self.settings
-            )
+            param = f"{p}.file_id"
+            record = await self._file_record(owner, file_id, param)
+
+            async def load() -> Image:
+                data = await self._file_content(record, param)
+                if len(data) > self.settings.max_image_bytes:
+                    raise _too_many_bytes(param, "image", self.settings.max_image_bytes)
+                return await asyncio.to_thread(
+                    check_image, data, record.mime_type, param, self.settings
+                )
+
+            return await self._cached(_file_key(record, "image"), Image, load)
         raise InvalidRequest(
             f"Missing required parameter: '{p}.image_url' (or '{p}.file_id').",
             param=f"{p}.image_url",
@@ -602,22 +654,30 @@ class MediaResolver:
     async def _image_url(self, url: str, param: str) -> Image:
         limit = self.settings.max_image_bytes
         if url[:5].lower() == "data:":
-            declared, data = parse_data_url(url, param, limit=limit, what="image")
-        elif _is_http(url):
-            data, declared, _ = await self._fetch(url, param, limit=limit, what="image")
-        else:
-            raise _bad(
-                f"Invalid '{param}': expected a data URL (data:image/png;base64,...) or an "
-                "http(s) URL.",
-                param,
-                "invalid_image_url",
-            )
-        return await asyncio.to_thread(check_image, data, declared, param, self.settings)
 
-    async def _fetch(
-        self, url: str, param: str, *, limit: int, what: str
-    ) -> tuple[bytes, str, str]:
-        """A remote image or file, when `--allow-remote-media` allows fetching at all."""
+            async def decode() -> Image:
+                declared, data = parse_data_url(url, param, limit=limit, what="image")
+                return await asyncio.to_thread(check_image, data, declared, param, self.settings)
+
+            return await self._cached(await self._data_key("image", url), Image, decode)
+        if _is_http(url):
+            self._check_remote(param, "image")
+
+            async def fetch() -> Image:
+                data, declared, _ = await self._fetch(url, param, limit=limit, what="image")
+                return await asyncio.to_thread(check_image, data, declared, param, self.settings)
+
+            return await self._cached(("url", "image", url), Image, fetch)
+        raise _bad(
+            f"Invalid '{param}': expected a data URL (data:image/png;base64,...) or an "
+            "http(s) URL.",
+            param,
+            "invalid_image_url",
+        )
+
+    def _check_remote(self, param: str, what: str) -> None:
+        """Refuse a remote URL unless `--allow-remote-media` allows fetching at all (before
+        the cache is asked, so switching it off cannot be bypassed)."""
         if not self.settings.allow_remote_media:
             raise _bad(
                 f"Invalid '{param}': this server does not fetch remote {what} URLs (it was "
@@ -626,6 +686,12 @@ class MediaResolver:
                 param,
                 "remote_media_disabled",
             )
+
+    async def _fetch(
+        self, url: str, param: str, *, limit: int, what: str
+    ) -> tuple[bytes, str, str]:
+        """A remote image or file, when `--allow-remote-media` allows fetching at all."""
+        self._check_remote(param, what)
         return await fetch_remote(
             url, param, limit=limit, timeout=self.settings.remote_media_timeout_secs, what=what
         )
@@ -658,31 +724,57 @@ class MediaResolver:
                 code="missing_required_parameter",
             )
         param = f"{p}.{source}"
+        # The name is part of each key: it picks the document's kind and heads its block.
         if source == "file_id":
-            record, data = await read_file(self.store, owner, value, param=param)
-            mime, name = record.mime_type, record.filename or name
-        elif source == "file_data":
-            if value[:5].lower() == "data:":
-                mime, data = parse_data_url(value, param, limit=limit, what="file")
-            else:  # bare base64, as some clients send it
-                mime, data = parse_data_url(
-                    "data:;base64," + value, param, limit=limit, what="file"
+            record = await self._file_record(owner, value, param)
+            stored_name = record.filename or name or "file"
+
+            async def read_stored() -> FileText:
+                data = await self._file_content(record, param)
+                return await asyncio.to_thread(
+                    document_text, data, record.mime_type, stored_name, param
                 )
-        else:
-            if not _is_http(value):
-                raise _bad(
-                    f"Invalid '{param}': expected an http(s) URL.", param, "invalid_file_url"
-                )
+
+            return await self._cached(
+                _file_key(record, "document", stored_name), FileText, read_stored
+            )
+        if source == "file_data":
+            url = value if value[:5].lower() == "data:" else "data:;base64," + value
+
+            async def decode() -> FileText:  # bare base64 too, as some clients send it
+                mime, data = parse_data_url(url, param, limit=limit, what="file")
+                return await asyncio.to_thread(document_text, data, mime, name or "file", param)
+
+            key = await self._data_key("document", url, name or "")
+            return await self._cached(key, FileText, decode)
+        if not _is_http(value):
+            raise _bad(f"Invalid '{param}': expected an http(s) URL.", param, "invalid_file_url")
+        self._check_remote(param, "file")
+
+        async def fetch() -> FileText:
             data, mime, final = await self._fetch(value, param, limit=limit, what="file")
-            name = name or _name_from_url(final)
-        return await asyncio.to_thread(document_text, data, mime, name or "file", param)
+            title = name or _name_from_url(final)
+            return await asyncio.to_thread(document_text, data, mime, title, param)
 
-    # Stored files (owner-scoped).
+        return await self._cached(("url", "document", value, name or ""), FileText, fetch)
 
-    async def _stored_file(
-        self, owner: str, file_id: str, param: str, what: str
-    ) -> tuple[FileRecord, bytes]:
-        record, data = await read_file(self.store, owner, file_id, param=param)
-        if what == "image" and len(data) > self.settings.max_image_bytes:
-            raise _too_many_bytes(param, what, self.settings.max_image_bytes)
-        return record, data
+    # Stored files (owner-scoped). The record is read on every use, cached or not, so a
+    # deleted, expired or someone else's file stays a 404.
+
+    async def _file_record(self, owner: str, file_id: str, param: str) -> FileRecord:
+        record = await self.store.get_file(owner, file_id)
+        if record is None:
+            raise file_not_found(file_id, param=param)
+        return record
+
+    async def _file_content(self, record: FileRecord, param: str) -> bytes:
+        data = await self.store.file_content(record.owner, record.id)
+        if data is None:  # deleted since its record was read
+            raise file_not_found(record.id, param=param)
+        return data
+
+
+def _file_key(record: FileRecord, what: str, *rest: str) -> Key:
+    """A stored file's key: its id with its creation time and size, so it can only ever
+    name the bytes that were decoded."""
+    return (FILE, record.owner, record.id, record.created_at, record.bytes, what, *rest)

@@ -355,9 +355,14 @@ class ResponsesService:
         require_effective_input(messages)
         return messages
 
-    @staticmethod
-    def _lowering(engine: Engine, media: dict[str, Any]) -> Lowering:
-        return Lowering(engine.model_id, engine.vision, engine.profile.media_marker, media)
+    def _lowering(self, engine: Engine, media: dict[str, Any]) -> Lowering:
+        return Lowering(
+            engine.model_id,
+            engine.vision,
+            engine.profile.media_marker,
+            media,
+            image_placeholders=self.media.settings.image_input_fallback == "placeholder",
+        )
 
     def record(self, prepared: Turn, machine: ResponseEventMachine) -> ResponseRecord:
         return ResponseRecord(
