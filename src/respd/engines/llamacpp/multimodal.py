@@ -9,8 +9,11 @@ In the engine's token lists an image chunk's positions are *placeholder ids*: ne
 numbers derived from the image digest, the chunk index and the position, so lengths count
 images and prefix matching treats equal images as equal tokens and different images as
 different ones. Each image is turned into chunks once and kept in an LRU keyed by its
-digest (`Projector.image`); its embeddings are computed once, on first use, by the engine's
-worker thread (`Projector.embeddings`) and kept with it.
+digest (`Projector.image`); its embeddings are computed once and kept with it. Encoding runs
+the vision tower, seconds for a large image on a real model, so the engine hands it to the
+projector's own encoder thread (`Projector.encode_later`) and only decodes the result (a
+prefill of the image's positions) between its steps; `Projector.embeddings` encodes on the
+calling thread instead.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,15 +86,25 @@ def placeholder_ids(digest: str, chunk: int, n: int) -> list[int]:
 _STB_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 
 
+# `detail: "low"`: the image is shrunk to fit this square first, as OpenAI's low detail
+# does. Models with dynamic resolution (Qwen-VL, Pixtral, ...) then give it fewer tokens;
+# fixed-resolution projectors resize every image to their own square anyway.
+LOW_DETAIL_SIDE = 512
+
+
 @dataclass(eq=False)
 class ImageChunk:
     """One run of image embeddings in a prompt."""
 
     ptr: int  # mtmd_input_chunk * (owned by `owner`)
     n_tokens: int
+    # Positions the chunk advances the sequence by: `n_tokens`, except on M-RoPE models,
+    # whose image tokens share positions (all sit at the chunk's first position in the KV
+    # cache, with their row and column as extra coordinates).
+    n_pos: int
     placeholders: list[int]
     owner: ImageEntry
-    embd: Any = None  # ctypes float array once encoded (worker thread only)
+    embd: Any = None  # ctypes float array once encoded (set under the projector's lock)
 
 
 @dataclass(eq=False)
@@ -145,50 +160,57 @@ class Projector:
                 raise ProjectorError(
                     "it has no vision encoder (audio projectors are not supported)"
                 )
-            if mtmd.mtmd_decode_use_mrope(ctx):
-                # M-RoPE models (the Qwen2/2.5/3-VL family) give each position 4 coordinates
-                # and let an image take fewer positions than tokens; the batched decoder
-                # keeps one position per token.
-                raise ProjectorError(
-                    "the model uses M-RoPE image positions (Qwen-VL family), which respd's "
-                    "batched engine does not support yet"
-                )
         except ProjectorError:
             mtmd.mtmd_free(ctx)
             raise
         self.non_causal = bool(mtmd.mtmd_decode_use_non_causal(ctx, None))
+        # M-RoPE models (the Qwen2/2.5/3-VL family) place an image's tokens on a grid: they
+        # take max(rows, columns) positions, fewer than their tokens (see `ImageChunk.n_pos`).
+        self.mrope = bool(mtmd.mtmd_decode_use_mrope(ctx))
         self.n_embd = int(llama_cpp.llama_model_n_embd_inp(model.model))
         self._entries: OrderedDict[str, ImageEntry] = OrderedDict()
         self._max_images = max_images
         self._max_embd_bytes = max_embd_bytes
         self._embd_bytes = 0
         self._lock = threading.Lock()
+        self.tokenized = 0  # images tokenized (cache misses), for the engine's stats
+        self.encoded = 0  # image chunks run through the vision encoder
+        # mtmd keeps one output buffer per context: an encode and the read of its output
+        # must not interleave with another encode.
+        self._encoding = threading.Lock()
+        # One encoder thread: encodes run one at a time, in the order asked for, each with
+        # the context's `n_threads`.
+        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mtmd-encode")
+        self._inflight: dict[ImageChunk, Future[Any]] = {}  # queued or running encodes
 
     # -- tokenizing (any thread) -----------------------------------------------------------
 
     def image(self, image: Image) -> ImageEntry:
         """The chunks of `image`, from the LRU or tokenized now. Raises ValueError when the
         bytes are not an image mtmd can use."""
-        digest = image.digest
+        # A low-detail image is another image (other pixels, fewer tokens on models with
+        # dynamic resolution), so it has its own entry and placeholder ids.
+        low = image.detail == "low"
+        digest = f"{image.digest}:low" if low else image.digest
         with self._lock:
             entry = self._entries.get(digest)
             if entry is not None:
                 self._entries.move_to_end(digest)
                 return entry
-            entry = self._tokenize_image(image, digest)
+            entry = self._tokenize_image(image, digest, fit=LOW_DETAIL_SIDE if low else None)
             self._entries[digest] = entry
             while len(self._entries) > self._max_images:
                 self._evict()
             return entry
 
-    def _bitmap(self, image: Image) -> Any:
+    def _bitmap(self, image: Image, fit: int | None) -> Any:
         mtmd = self._mtmd
         data = image.data
-        if data.startswith(_STB_MAGIC):
+        if fit is not None or not data.startswith(_STB_MAGIC):
+            bitmap = self._bitmap_via_pillow(data, fit)
+        else:
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
             bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self._ctx, buf, len(data), False)
-        else:
-            bitmap = self._bitmap_via_pillow(data)
         if not bitmap:
             raise ValueError("image could not be decoded")
         if mtmd.mtmd_bitmap_is_audio(bitmap):
@@ -196,7 +218,8 @@ class Projector:
             raise ValueError("image could not be decoded")
         return bitmap
 
-    def _bitmap_via_pillow(self, data: bytes) -> Any:
+    def _bitmap_via_pillow(self, data: bytes, fit: int | None = None) -> Any:
+        """Raw RGB through Pillow, shrunk (keeping its aspect) to fit a `fit`-pixel square."""
         try:
             import io
 
@@ -204,6 +227,8 @@ class Projector:
 
             with PILImage.open(io.BytesIO(data)) as img:
                 rgb = img.convert("RGB")
+                if fit is not None and max(rgb.size) > fit:
+                    rgb.thumbnail((fit, fit), PILImage.Resampling.BICUBIC)
                 raw = rgb.tobytes()
                 nx, ny = rgb.size
         except Exception:  # not an image Pillow (if installed) can read
@@ -211,9 +236,9 @@ class Projector:
         buf = (ctypes.c_ubyte * len(raw)).from_buffer_copy(raw)
         return self._mtmd.mtmd_bitmap_init(nx, ny, buf)
 
-    def _tokenize_image(self, image: Image, digest: str) -> ImageEntry:
+    def _tokenize_image(self, image: Image, digest: str, fit: int | None) -> ImageEntry:
         mtmd = self._mtmd
-        bitmap = self._bitmap(image)
+        bitmap = self._bitmap(image, fit)
         chunks = mtmd.mtmd_input_chunks_init()
         try:
             mtmd.mtmd_bitmap_set_id(bitmap, digest.encode())
@@ -237,7 +262,8 @@ class Projector:
             if kind != mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise ValueError("image could not be decoded")
             n_tokens = int(mtmd.mtmd_input_chunk_get_n_tokens(chunk))
-            if int(mtmd.mtmd_input_chunk_get_n_pos(chunk)) != n_tokens:
+            n_pos = int(mtmd.mtmd_input_chunk_get_n_pos(chunk))
+            if n_pos != n_tokens and not self.mrope:
                 raise ValueError(
                     "images whose positions differ from their tokens are not supported"
                 )
@@ -247,8 +273,9 @@ class Projector:
                     f"({self._n_batch}) this model needs to decode it at once; raise --batch-size"
                 )
             ids = placeholder_ids(digest, len(entry.chunks), n_tokens)
-            entry.chunks.append(ImageChunk(chunk, n_tokens, ids, entry))
+            entry.chunks.append(ImageChunk(chunk, n_tokens, n_pos, ids, entry))
             entry.tokens.extend(ids)
+        self.tokenized += 1
         return entry
 
     def _evict(self) -> None:
@@ -257,10 +284,52 @@ class Projector:
             if chunk.embd is not None:
                 self._embd_bytes -= ctypes.sizeof(chunk.embd)
 
-    # -- encoding and decoding (the engine's worker thread only) ---------------------------
+    # -- encoding (any thread) and decoding (the engine's worker thread only) ---------------
+
+    def encode_later(self, chunk: ImageChunk, done: Callable[[], None]) -> Future[Any]:
+        """The chunk's embeddings as a future, encoded on the encoder thread: done already
+        when an earlier request left them, and the same future as an encode of the chunk
+        already queued or running. `done` is called once the future is done, however it
+        ends (a failed encode is its exception; a cancelled one, when the projector closes,
+        leaves it cancelled)."""
+        with self._lock:
+            future = self._inflight.get(chunk)
+            if future is None:
+                if chunk.embd is not None:
+                    future = Future()
+                    future.set_result(chunk.embd)
+                else:
+                    try:
+                        future = self._encoder.submit(self._encode_in_background, chunk)
+                    except RuntimeError:  # closed: nothing will ever encode it
+                        future = Future()
+                        future.set_exception(RuntimeError("the projector is closed"))
+                    else:
+                        self._inflight[chunk] = future
+        future.add_done_callback(lambda _: done())
+        return future
+
+    @property
+    def encoding(self) -> bool:
+        """Whether an encode is queued or running on the encoder thread."""
+        return bool(self._inflight)
+
+    def _encode_in_background(self, chunk: ImageChunk) -> Any:
+        try:
+            return self.embeddings(chunk)
+        finally:
+            # Before the future is done: a request arriving after it finds the cached
+            # embeddings (or, after a failure, tries again).
+            with self._lock:
+                self._inflight.pop(chunk, None)
 
     def embeddings(self, chunk: ImageChunk) -> Any:
-        """The chunk's embeddings, encoded now unless an earlier request left them."""
+        """The chunk's embeddings, encoded now (on this thread) unless an earlier request
+        left them."""
+        with self._encoding:
+            return self._encode_now(chunk)
+
+    def _encode_now(self, chunk: ImageChunk) -> Any:
         if chunk.embd is not None:
             return chunk.embd
         _errors.clear()
@@ -270,6 +339,7 @@ class Projector:
         out = (ctypes.c_float * n)()
         ctypes.memmove(out, self._mtmd.mtmd_get_output_embd(self._ctx), ctypes.sizeof(out))
         with self._lock:
+            self.encoded += 1
             chunk.embd = out
             if chunk.owner.digest in self._entries:
                 self._embd_bytes += ctypes.sizeof(out)
@@ -289,7 +359,11 @@ class Projector:
             raise RuntimeError(f"decoding the image failed ({rc}): {_last_errors()}")
 
     def close(self) -> None:
+        # Queued encodes are cancelled (their waiters see a cancelled future); a running
+        # one is waited for, since it still uses the context freed below.
+        self._encoder.shutdown(wait=True, cancel_futures=True)
         with self._lock:
+            self._inflight.clear()
             self._entries.clear()
             self._embd_bytes = 0
         if self._ctx:
