@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.vision_fixture import add_vit_blocks
+
 # Text model.
 N_EMBD = 64
 N_HEAD = 4
@@ -149,19 +151,7 @@ def write_qwen2vl_projector(path: Path) -> Path:
     # Two convolutions over the same frame (Qwen2-VL's temporal patch of a still image).
     w.add_tensor("v.patch_embd.weight", rand(V_EMBD, 3, PATCH_SIZE, PATCH_SIZE))
     w.add_tensor("v.patch_embd.weight.1", rand(V_EMBD, 3, PATCH_SIZE, PATCH_SIZE))
-    for il in range(V_LAYER):
-        blk = f"v.blk.{il}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{blk}.{name}.weight", rand(V_EMBD, V_EMBD))
-            w.add_tensor(f"{blk}.{name}.bias", zeros(V_EMBD))
-        w.add_tensor(f"{blk}.ln1.weight", ones(V_EMBD))
-        w.add_tensor(f"{blk}.ln1.bias", zeros(V_EMBD))
-        w.add_tensor(f"{blk}.ln2.weight", ones(V_EMBD))
-        w.add_tensor(f"{blk}.ln2.bias", zeros(V_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.weight", rand(V_FF, V_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.bias", zeros(V_FF))
-        w.add_tensor(f"{blk}.ffn_down.weight", rand(V_EMBD, V_FF))
-        w.add_tensor(f"{blk}.ffn_down.bias", zeros(V_EMBD))
+    add_vit_blocks(w, V_LAYER, V_EMBD, V_FF, rand)
     w.add_tensor("v.post_ln.weight", ones(V_EMBD))
     w.add_tensor("v.post_ln.bias", zeros(V_EMBD))
     # The merger: 2x2 patches (4 x 32 wide) → linear → GELU → linear into the text width.

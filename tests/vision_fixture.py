@@ -15,7 +15,9 @@ Encoding one image takes a few milliseconds on a CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,33 @@ SEED = 1234
 
 # Every image, whatever its size, becomes this many embeddings in the prompt.
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
+
+
+def add_vit_blocks(
+    w: Any, layers: int, width: int, ff: int, rand: Callable[..., np.ndarray]
+) -> None:
+    """Add a CLIP-style vision tower's transformer blocks (`v.blk.N.*`) to GGUF writer `w`:
+    biased attention projections, two layer norms, a biased MLP; `rand(*shape)` gives the
+    random matrices, in the order the blocks are written."""
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    def zeros(n: int) -> np.ndarray:
+        return np.zeros(n, dtype=np.float32)
+
+    for il in range(layers):
+        blk = f"v.blk.{il}"
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            w.add_tensor(f"{blk}.{name}.weight", rand(width, width))
+            w.add_tensor(f"{blk}.{name}.bias", zeros(width))
+        for norm in ("ln1", "ln2"):
+            w.add_tensor(f"{blk}.{norm}.weight", ones(width))
+            w.add_tensor(f"{blk}.{norm}.bias", zeros(width))
+        w.add_tensor(f"{blk}.ffn_up.weight", rand(ff, width))
+        w.add_tensor(f"{blk}.ffn_up.bias", zeros(ff))
+        w.add_tensor(f"{blk}.ffn_down.weight", rand(width, ff))
+        w.add_tensor(f"{blk}.ffn_down.bias", zeros(width))
 
 
 def write_projector(path: Path, *, proj_dim: int = PROJ_DIM) -> Path:
@@ -72,19 +101,7 @@ def write_projector(path: Path, *, proj_dim: int = PROJ_DIM) -> Path:
     w.add_tensor("v.position_embd.weight", rand(n_patches * n_patches, N_EMBD))
     w.add_tensor("v.pre_ln.weight", ones(N_EMBD))
     w.add_tensor("v.pre_ln.bias", zeros(N_EMBD))
-    for il in range(N_LAYER):
-        blk = f"v.blk.{il}"
-        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            w.add_tensor(f"{blk}.{name}.weight", rand(N_EMBD, N_EMBD))
-            w.add_tensor(f"{blk}.{name}.bias", zeros(N_EMBD))
-        w.add_tensor(f"{blk}.ln1.weight", ones(N_EMBD))
-        w.add_tensor(f"{blk}.ln1.bias", zeros(N_EMBD))
-        w.add_tensor(f"{blk}.ln2.weight", ones(N_EMBD))
-        w.add_tensor(f"{blk}.ln2.bias", zeros(N_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.weight", rand(N_FF, N_EMBD))
-        w.add_tensor(f"{blk}.ffn_up.bias", zeros(N_FF))
-        w.add_tensor(f"{blk}.ffn_down.weight", rand(N_EMBD, N_FF))
-        w.add_tensor(f"{blk}.ffn_down.bias", zeros(N_EMBD))
+    add_vit_blocks(w, N_LAYER, N_EMBD, N_FF, rand)
     # The llava projector: mm.0 (linear), GELU, mm.2 (linear) into the text embedding space.
     w.add_tensor("mm.0.weight", rand(proj_dim, N_EMBD))
     w.add_tensor("mm.0.bias", zeros(proj_dim))

@@ -26,7 +26,7 @@ from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, Image, SamplingParams
 from respd.engines.families.profile import MEDIA_MARKER
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import Output, collect
+from tests.integration.engines.output import Output, capture_first_logits, collect
 from tests.qwen2vl_fixture import TOKEN_SIDE, write_qwen2vl_model, write_qwen2vl_projector
 from tests.servers import RespdServer, start_server
 from tests.vision_fixture import png_bytes
@@ -78,22 +78,6 @@ def run(
         )
 
     return asyncio.run(all_of_them())
-
-
-def first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The whole logits row of each request's first sample, read before the engine samples."""
-    rows: list[Any] = []
-    real = engine._sample
-    n_vocab = engine._model.n_vocab()
-
-    def sample(job: Any, idx: int) -> None:
-        if job.produced == 0:
-            logits = llama_cpp.llama_get_logits_ith(engine._ctx.ctx, idx)
-            rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
-        real(job, idx)
-
-    monkeypatch.setattr(engine, "_sample", sample)
-    return rows
 
 
 def mtmd_reference(files: tuple[Path, Path], text: str, images: Sequence[Image]) -> Any:
@@ -163,7 +147,7 @@ def test_logits_agree_with_llama_cpps_own_multimodal_evaluation(
     """The engine's next-token logits after a prompt with two images (text before, between
     and after them) equal llama.cpp's mtmd helper evaluating the same prompt alone, and the
     sequence ends at the same position: wrong positions after an image would move them."""
-    rows = first_logits(engine, monkeypatch)
+    rows = capture_first_logits(engine, monkeypatch)
     images = [RED, WIDE]
     content = f"Compare\n{MEDIA_MARKER}\nand\n{MEDIA_MARKER}\nplease."
     text = engine.render_prompt([ChatMessage("user", content, images=images)])
@@ -223,7 +207,7 @@ def test_a_follow_up_turn_reuses_the_image_and_matches_a_fresh_prefill(
     ]
     text2 = engine.render_prompt(turn2)
     tokens2 = engine.tokenize(text2, [RED])
-    rows = first_logits(engine, monkeypatch)
+    rows = capture_first_logits(engine, monkeypatch)
     (follow,) = run(engine, [(tokens2, [RED])], SamplingParams(temperature=0, max_tokens=1))
     assert follow.finished.cached_tokens >= len(engine.tokenize(text1, [RED])) - 1
     reference, _ = mtmd_reference(files, text2, [RED])

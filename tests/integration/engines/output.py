@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import llama_cpp
+import numpy as np
+import pytest
 
 from respd.engines.base import (
     GenerationDone,
@@ -41,3 +46,20 @@ async def collect(engine: LlamaCppEngine, prompt: Prompt, params: SamplingParams
             out.done = event
     assert out.done is not None
     return out
+
+
+def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record the whole logits row of each request's first sample (the next-token
+    distribution right after its prompt), read from llama.cpp before the engine samples."""
+    rows: list[Any] = []
+    real = engine._sample
+    n_vocab = engine._model.n_vocab()
+
+    def sample(job: Any, idx: int) -> None:
+        if job.produced == 0:
+            logits = llama_cpp.llama_get_logits_ith(engine._ctx.ctx, idx)
+            rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
+        real(job, idx)
+
+    monkeypatch.setattr(engine, "_sample", sample)
+    return rows

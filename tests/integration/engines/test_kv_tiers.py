@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import llama_cpp
 import numpy as np
 import pytest
 
@@ -22,7 +21,7 @@ from respd.engines.base import (
 )
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.kvtier import HEADER
-from tests.integration.engines.output import collect
+from tests.integration.engines.output import capture_first_logits, collect
 from tests.servers import MODEL_ID
 
 FACTS = " ".join(
@@ -66,23 +65,6 @@ def run(engine: LlamaCppEngine, messages: list[ChatMessage]) -> tuple[str, Gener
         return out.text, out.finished, prompt.n_tokens
 
     return asyncio.run(main())
-
-
-def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Record the whole logits row of each request's first sample (the next-token
-    distribution right after its prompt), read from llama.cpp before the engine samples."""
-    rows: list[Any] = []
-    real = engine._sample
-    n_vocab = engine._model.n_vocab()
-
-    def sample(job: Any, idx: int) -> None:
-        if job.produced == 0:
-            logits = llama_cpp.llama_get_logits_ith(engine._ctx.ctx, idx)
-            rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
-        real(job, idx)
-
-    monkeypatch.setattr(engine, "_sample", sample)
-    return rows
 
 
 def test_a_prompt_evicted_from_its_slot_is_restored(
