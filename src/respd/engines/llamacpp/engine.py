@@ -600,6 +600,7 @@ class LlamaCppEngine:
                 self._copied_at[seq] = self._copied_at[copy_from.seq_id] = self._step
             llama_cpp.llama_memory_seq_rm(self._mem, seq, job.position(reuse), -1)
             slot.tokens = job.prompt[:reuse]
+            slot.prompt_len = len(job.prompt)
             slot.job = job
             slot.cache_key = job.cache_key
             job.slot = slot

@@ -29,6 +29,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this seq
     job: Any = None  # the request running here, or None when free
     cache_key: str | None = None  # prompt_cache_key of the last request served here
+    prompt_len: int = 0  # how many of `tokens` were that request's prompt
     last_used: int = 0
 
     @property
@@ -54,6 +55,11 @@ def clamp_to_spans(n: int, spans: Sequence[tuple[int, int]]) -> int:
     return n
 
 
+# Tokens a request may drop from the end of a slot's cache and still count as continuing
+# it: the previous turn's last token or two, which the rendered history can spell otherwise.
+CONTINUE_SLACK = 8
+
+
 def place(
     slots: list[Slot],
     prompt: Sequence[int],
@@ -63,9 +69,17 @@ def place(
     """Choose a free slot for `prompt` and the longest reusable prefix anywhere.
 
     At least the last prompt token is always decoded again, so the first sample comes
-    from fresh logits. A `prompt_cache_key` steers toward the slot that last served it.
-    `spans` are the prompt's image spans `(start, length)`, which are reused whole or not
-    at all.
+    from fresh logits. `spans` are the prompt's image spans `(start, length)`, which are
+    reused whole or not at all.
+
+    The request goes to a slot whose cache it continues (an empty one, one whose tokens
+    it repeats but for `CONTINUE_SLACK` at the end, or one whose whole prompt it repeats,
+    replacing only the answer), the best-matching first; only when there is none does it
+    overwrite another's cache, the least recently used.
+    Either way it starts from the longest prefix any slot holds, copied in when that is
+    another slot's: a new conversation that shares only a system prompt with a slot
+    takes that prefix without destroying the slot's own history. Among equals, a
+    `prompt_cache_key` steers toward the slot that last served it.
     """
     free = [s for s in slots if s.free]
     if not free:
@@ -75,10 +89,14 @@ def place(
     def own(s: Slot) -> int:
         return clamp_to_spans(min(common_prefix(s.tokens, prompt), limit), spans)
 
+    def continues(s: Slot) -> bool:
+        return len(s.tokens) - own(s) <= CONTINUE_SLACK or own(s) >= s.prompt_len - 1 > 0
+
     keyed = [s for s in free if cache_key is not None and s.cache_key == cache_key]
-    # Prefer a free slot whose own cache matches best; among equals, the keyed one,
-    # then the least recently used (its cache is the least likely to be wanted).
-    target = max(free, key=lambda s: (own(s), s in keyed, -s.last_used))
+    target = max(
+        free,
+        key=lambda s: (continues(s), own(s) if continues(s) else 0, s in keyed, -s.last_used),
+    )
     best_src = max(slots, key=own)
     if own(best_src) > own(target) and best_src is not target:
         return Placement(target, own(best_src), best_src)

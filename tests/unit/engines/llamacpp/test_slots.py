@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from respd.engines.llamacpp.slots import Slot, clamp_to_spans, common_prefix, place
+from respd.engines.llamacpp.slots import (
+    CONTINUE_SLACK,
+    Slot,
+    clamp_to_spans,
+    common_prefix,
+    place,
+)
 
 
 def test_common_prefix() -> None:
@@ -33,6 +39,29 @@ def test_prefers_longest_match_then_key_then_lru() -> None:
     assert place([a, b, c], [1, 9, 9, 9], cache_key="k").slot is b  # type: ignore[union-attr]
     assert place([a, b, c], [1, 9, 9, 9]).slot is a  # type: ignore[union-attr]
     assert place([a, b, c], [7, 7]).slot is c  # type: ignore[union-attr]
+
+
+def test_a_shared_prefix_is_copied_rather_than_overwriting_another_history() -> None:
+    history = [1, 2, 3, *range(100, 120)]  # a system prompt, then its own turns
+    a = Slot(0, tokens=history, last_used=9)
+    empty = Slot(1, last_used=1)
+    p = place([a, empty], [1, 2, 3, 50, 51])
+    assert p is not None
+    assert p.slot is empty and p.copy_from is a and p.reuse == 3
+    # The same conversation's next turn continues its own slot.
+    p = place([a, empty], [*history, 60, 61])
+    assert p is not None and p.slot is a and p.copy_from is None and p.reuse == len(history)
+    # So does one that drops no more than the slack from the slot's end.
+    p = place([a, empty], [*history[:-CONTINUE_SLACK], 60])
+    assert p is not None and p.slot is a
+    # A repeat of the slot's whole prompt replaces only its answer.
+    answered = Slot(0, tokens=[*history, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], prompt_len=23)
+    p = place([answered, empty], history)
+    assert p is not None and p.slot is answered and p.reuse == len(history) - 1
+    # With every free slot holding another history, the least recently used one goes.
+    b = Slot(1, tokens=[1, 2, 3, *range(200, 220)], last_used=3)
+    p = place([a, b], [1, 2, 3, 50, 51])
+    assert p is not None and p.slot is b and p.reuse == 3 and p.copy_from is None
 
 
 def test_no_free_slot() -> None:
