@@ -461,19 +461,34 @@ async def run_requests(
     sem = asyncio.Semaphore(concurrency)
     results: list[RequestResult | None] = [None] * len(prompts)
     errors: list[str] = []
+    retried: list[int] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
         async def one(i: int) -> None:
             async with sem:
-                try:
-                    results[i] = await fn(client, server, prompts[i], max_tokens, extra)
-                except httpx.HTTPError as exc:
-                    errors.append(f"{type(exc).__name__}: {exc}")
+                for attempt in range(2):
+                    try:
+                        results[i] = await fn(client, server, prompts[i], max_tokens, extra)
+                        return
+                    except httpx.HTTPError as exc:
+                        # A pooled keep-alive connection the server closed as the request
+                        # went out (llama-server closes one after a few requests): the
+                        # server never saw the request, so it goes again on a fresh one.
+                        dropped = isinstance(exc, httpx.RemoteProtocolError) and (
+                            "without sending a response" in str(exc)
+                        )
+                        if attempt == 0 and dropped:
+                            retried.append(i)
+                            continue
+                        errors.append(f"{type(exc).__name__}: {exc}")
+                        return
 
         start = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(len(prompts))))
         wall = time.perf_counter() - start
+    if retried:
+        print(f"  {server.name}: {len(retried)} request(s) resent after a dropped keep-alive")
     return results, wall, errors
 
 
@@ -522,6 +537,26 @@ async def run_level(
         1 for r in results if r is not None and r.tokens != max_tokens
     )
     return level
+
+
+def mean_level(a: LevelResult, b: LevelResult) -> LevelResult:
+    """One server's two runs of a level as one row: the mean of each figure."""
+    return LevelResult(
+        a.server,
+        a.api,
+        a.concurrency,
+        a.requests + b.requests,
+        ttft_p50=(a.ttft_p50 + b.ttft_p50) / 2,
+        ttft_p95=(a.ttft_p95 + b.ttft_p95) / 2,
+        per_stream_tps=(a.per_stream_tps + b.per_stream_tps) / 2,
+        aggregate_tps=(a.aggregate_tps + b.aggregate_tps) / 2,
+        errors=a.errors + b.errors,
+        first_error=a.first_error or b.first_error,
+        extra={
+            "short_requests": a.extra["short_requests"] + b.extra["short_requests"],
+            "runs_aggregate_tps": [a.aggregate_tps, b.aggregate_tps],
+        },
+    )
 
 
 def in_process_ceiling(args: argparse.Namespace, max_tokens: int) -> float:
@@ -1000,17 +1035,24 @@ def main() -> None:
     edit: dict[str, Any] = {}
     ceiling: float | None = None
 
-    def measure(server: Server, apis: list[str]) -> None:
-        asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
+    def measure(servers: list[tuple[Server, str]]) -> None:
+        """Every level on every (server, api) in turn, llama-server first and again last:
+        its row is the mean of the two, so drift in the machine's speed during a level
+        lands on both sides of each ratio."""
+        for server in {server.name: server for server, _ in servers}.values():
+            asyncio.run(run_level(server, "chat", 2, 2, 8))  # warm-up
         for level in levels:
-            for api in apis:
-                n = max(4, args.rounds * level)
-                rows.append(asyncio.run(run_level(server, api, level, n, args.max_tokens)))
-                r = rows[-1]
+            n = max(4, args.rounds * level)
+            got = []
+            for server, api in servers:
+                got.append(asyncio.run(run_level(server, api, level, n, args.max_tokens)))
+                r = got[-1]
                 print(
                     f"  {r.server:12} {r.api:9} c={level:<3} agg {r.aggregate_tps:7.1f} tok/s",
                     flush=True,
                 )
+            rows.append(mean_level(got[0], got[-1]))
+            rows.extend(got[1:-1])
 
     def guarded(case: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         # One failing case (a server that will not start) must not lose the others' numbers.
@@ -1020,24 +1062,30 @@ def main() -> None:
             print(f"  {case} failed: {type(exc).__name__}: {exc}", flush=True)
             return {"error": f"{type(exc).__name__}: {exc}"}
 
-    if "levels" in only:
-        llama = start_llama_server(args, log_dir)
-        try:
-            measure(llama, ["chat"])
-            rss[llama.name] = llama.peak_rss_mib()
-            # respd as the stateful layer in front of the same llama-server.
-            front = start_respd_upstream(args, log_dir, llama)
-            try:
-                measure(front, ["chat", "responses"])
-            finally:
-                front.stop()
-        finally:
-            llama.stop()
     if only & {"levels", "prefix"}:
         respd = start_respd(args, log_dir)
         try:
             if "levels" in only:
-                measure(respd, ["chat", "responses"])
+                llama = start_llama_server(args, log_dir)
+                try:
+                    # respd as the stateful layer in front of the same llama-server.
+                    front = start_respd_upstream(args, log_dir, llama)
+                    try:
+                        measure(
+                            [
+                                (llama, "chat"),
+                                (respd, "chat"),
+                                (respd, "responses"),
+                                (front, "chat"),
+                                (front, "responses"),
+                                (llama, "chat"),
+                            ]
+                        )
+                    finally:
+                        front.stop()
+                    rss[llama.name] = llama.peak_rss_mib()
+                finally:
+                    llama.stop()
             if "prefix" in only:
                 prefix = asyncio.run(prefix_cache_case(respd, args.parallel))
             rss[respd.name] = respd.peak_rss_mib()
