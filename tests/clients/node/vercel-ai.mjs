@@ -63,10 +63,14 @@ async function streamTextFlow({ baseURL, model }) {
   assert.ok(chunks.length >= 2, `only ${chunks.length} text chunks`);
   nonEmptyString(text, "text");
   assert.equal(chunks.join(""), text, "textStream chunks do not concatenate to the final text");
-  assert.equal(await result.finishReason, "stop");
   const usage = await result.usage;
   assert.ok(usage.inputTokens > 0 && usage.outputTokens > 0, `usage=${JSON.stringify(usage)}`);
-  return `streamText via POST /v1/responses (stream): ${chunks.length} chunks == final text, finishReason stop`;
+  // The tiny model's greedy answer usually ends by itself; which way it goes depends on
+  // what the KV cache held (a reused prefix differs from a fresh one in the last bits).
+  // When it runs into the budget the response is incomplete, and the SDK must say so.
+  const finish = await result.finishReason;
+  assert.equal(finish, usage.outputTokens >= 200 ? "length" : "stop");
+  return `streamText via POST /v1/responses (stream): ${chunks.length} chunks == final text, finishReason ${finish}`;
 }
 
 async function toolLoop({ baseURL, model }) {

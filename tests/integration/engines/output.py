@@ -1,4 +1,4 @@
-"""Reading one generation of an in-process engine to its end."""
+"""In-process engine helpers: the embedded model in an engine, one generation read to its end."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import llama_cpp
 import numpy as np
 import pytest
 
+from respd.config import embedded_model_path
 from respd.engines.base import (
     GenerationDone,
     Prompt,
@@ -17,6 +18,7 @@ from respd.engines.base import (
     TokenLogprob,
 )
 from respd.engines.llamacpp import LlamaCppEngine
+from tests.servers import MODEL_ID
 
 
 @dataclass
@@ -63,3 +65,15 @@ def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(engine, "_sample", sample)
     return rows
+
+
+def embedded_engine(*, n_ctx: int, parallel: int, **options: Any) -> LlamaCppEngine:
+    """The embedded model in an in-process engine on two threads."""
+    return LlamaCppEngine(
+        embedded_model_path(),
+        model_id=MODEL_ID,
+        n_ctx=n_ctx,
+        n_threads=2,
+        parallel=parallel,
+        **options,
+    )

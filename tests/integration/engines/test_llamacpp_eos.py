@@ -11,7 +11,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from respd.config import embedded_model_path
 from respd.engines.base import (
     ChatMessage,
     GenerationDone,
@@ -20,15 +19,12 @@ from respd.engines.base import (
 )
 from respd.engines.constraints import Constraint
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import collect
-from tests.servers import MODEL_ID
+from tests.integration.engines.output import collect, embedded_engine
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(
-        embedded_model_path(), model_id=MODEL_ID, n_ctx=512, n_threads=2, parallel=2
-    )
+    eng = embedded_engine(n_ctx=512, parallel=2)
     yield eng
     eng.close()
 

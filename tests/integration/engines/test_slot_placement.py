@@ -9,11 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, GenerationDone, PromptRequest, SamplingParams
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import collect
-from tests.servers import MODEL_ID
+from tests.integration.engines.output import collect, embedded_engine
 
 SYSTEM = ChatMessage(
     "system",
@@ -27,9 +25,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=16)
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(
-        embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=4
-    )
+    eng = embedded_engine(n_ctx=1024, parallel=4)
     yield eng
     eng.close()
 
@@ -58,17 +54,13 @@ def test_alternating_conversations_each_keep_their_slot(engine: LlamaCppEngine) 
 
 
 def test_a_copied_prefix_matches_a_fresh_prefill() -> None:
-    fresh = LlamaCppEngine(
-        embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=2
-    )
+    fresh = embedded_engine(n_ctx=1024, parallel=2)
     try:
         cold_text, cold_done, _ = run(fresh, B)
         assert cold_done.cached_tokens == 0
     finally:
         fresh.close()
-    shared = LlamaCppEngine(
-        embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=2
-    )
+    shared = embedded_engine(n_ctx=1024, parallel=2)
     try:
         run(shared, A)
         text, done, _ = run(shared, B)  # the system prompt comes from A's slot
