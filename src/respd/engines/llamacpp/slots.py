@@ -86,18 +86,19 @@ def place(
         return None
     limit = max(len(prompt) - 1, 0)
 
-    def own(s: Slot) -> int:
-        return clamp_to_spans(min(common_prefix(s.tokens, prompt), limit), spans)
+    # Each slot's own reusable prefix, once: comparing token lists is the costly part.
+    own = {
+        s.seq_id: clamp_to_spans(min(common_prefix(s.tokens, prompt), limit), spans) for s in slots
+    }
 
-    def continues(s: Slot) -> bool:
-        return len(s.tokens) - own(s) <= CONTINUE_SLACK or own(s) >= s.prompt_len - 1 > 0
+    def rank(s: Slot) -> tuple[bool, int, bool, int]:
+        mine = own[s.seq_id]
+        continues = len(s.tokens) - mine <= CONTINUE_SLACK or mine >= s.prompt_len - 1 > 0
+        keyed = cache_key is not None and s.cache_key == cache_key
+        return continues, mine if continues else 0, keyed, -s.last_used
 
-    keyed = [s for s in free if cache_key is not None and s.cache_key == cache_key]
-    target = max(
-        free,
-        key=lambda s: (continues(s), own(s) if continues(s) else 0, s in keyed, -s.last_used),
-    )
-    best_src = max(slots, key=own)
-    if own(best_src) > own(target) and best_src is not target:
-        return Placement(target, own(best_src), best_src)
-    return Placement(target, own(target), None)
+    target = max(free, key=rank)
+    best_src = max(slots, key=lambda s: own[s.seq_id])
+    if own[best_src.seq_id] > own[target.seq_id] and best_src is not target:
+        return Placement(target, own[best_src.seq_id], best_src)
+    return Placement(target, own[target.seq_id], None)
