@@ -176,14 +176,7 @@ class ChatService:
         sampling.logprobs = (req.top_logprobs or 0) if req.logprobs else None
         answer = chat_answer_schema(req.response_format, engine.check_schema)
         media = await self.media.resolve_messages(req.messages, owner) if self.media else {}
-        low = Lowering(
-            engine.model_id,
-            engine.vision,
-            engine.profile.media_marker,
-            media,
-            image_placeholders=self.media is not None
-            and self.media.settings.image_input_fallback == "placeholder",
-        )
+        low = Lowering.for_engine(engine, media, self.media.settings if self.media else None)
         messages = chat_messages(req.messages, low)
         require_effective_input(messages, param="messages")
         spec = GenerationSpec(

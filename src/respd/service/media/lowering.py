@@ -15,11 +15,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from respd.engines.base import ChatMessage, Image
+from respd.engines.base import ChatMessage, Engine, Image
 from respd.engines.families.profile import MEDIA_MARKER
 from respd.protocol.errors import InvalidRequest, MissingParameter
 from respd.service.media.parts import FILE_PARTS, IMAGE_PARTS, TEXT_PARTS
-from respd.service.media.resolver import CheckedImage, FileText, Media
+from respd.service.media.resolver import CheckedImage, FileText, Media, MediaSettings
 
 _NO_INPUT_PARTS = ("input_audio", "video_url")
 IMAGE_DETAILS = ("low", "high", "auto", "original")
@@ -47,6 +47,19 @@ class Lowering:
     marker: str = MEDIA_MARKER
     media: Media = field(default_factory=dict)
     image_placeholders: bool = False
+
+    @classmethod
+    def for_engine(cls, engine: Engine, media: Media, settings: MediaSettings | None) -> Lowering:
+        """How parts lower for `engine`'s model, images on a text-only one as `settings`'
+        fallback says (None: the default 400)."""
+        return cls(
+            engine.model_id,
+            engine.vision,
+            engine.profile.media_marker,
+            media,
+            image_placeholders=settings is not None
+            and settings.image_input_fallback == "placeholder",
+        )
 
     def image(self, part: dict[str, Any], p: str) -> Image | str:
         """The image to give the model, or the text it reads instead of one."""

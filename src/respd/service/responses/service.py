@@ -345,24 +345,20 @@ class ResponsesService:
         past_media = await self.media.resolve_items(history.items, owner)
         input_media = await self.media.resolve_items(items, owner)
         past = input_to_messages(
-            history.items, lowering=self._lowering(engine, past_media), sealer=self.sealer
+            history.items,
+            lowering=Lowering.for_engine(engine, past_media, self.media.settings),
+            sealer=self.sealer,
         )
         messages = past + input_to_messages(
-            items, prior=past, lowering=self._lowering(engine, input_media), sealer=self.sealer
+            items,
+            prior=past,
+            lowering=Lowering.for_engine(engine, input_media, self.media.settings),
+            sealer=self.sealer,
         )
         if instructions:
             messages.insert(0, ChatMessage("system", instructions))
         require_effective_input(messages)
         return messages
-
-    def _lowering(self, engine: Engine, media: dict[str, Any]) -> Lowering:
-        return Lowering(
-            engine.model_id,
-            engine.vision,
-            engine.profile.media_marker,
-            media,
-            image_placeholders=self.media.settings.image_input_fallback == "placeholder",
-        )
 
     def record(self, prepared: Turn, machine: ResponseEventMachine) -> ResponseRecord:
         return ResponseRecord(
