@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.vision_fixture import add_vit_blocks
+from tests.vision_fixture import add_vit_blocks, ones, zeros
 
 # Text model.
 N_EMBD = 64
@@ -122,12 +122,6 @@ def write_qwen2vl_projector(path: Path) -> Path:
 
     def rand(*shape: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
 
     merged = V_EMBD * MERGE * MERGE
     w = gguf.GGUFWriter(str(path), arch="clip")

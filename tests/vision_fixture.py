@@ -34,19 +34,21 @@ SEED = 1234
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2
 
 
+def ones(n: int) -> np.ndarray:
+    """A float32 vector of ones (a layer norm's weight); `zeros`, of zeros (a bias)."""
+    return np.ones(n, dtype=np.float32)
+
+
+def zeros(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=np.float32)
+
+
 def add_vit_blocks(
     w: Any, layers: int, width: int, ff: int, rand: Callable[..., np.ndarray]
 ) -> None:
     """Add a CLIP-style vision tower's transformer blocks (`v.blk.N.*`) to GGUF writer `w`:
     biased attention projections, two layer norms, a biased MLP; `rand(*shape)` gives the
     random matrices, in the order the blocks are written."""
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
-
     for il in range(layers):
         blk = f"v.blk.{il}"
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -69,12 +71,6 @@ def write_projector(path: Path, *, proj_dim: int = PROJ_DIM) -> Path:
 
     def rand(*shape: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    def ones(n: int) -> np.ndarray:
-        return np.ones(n, dtype=np.float32)
-
-    def zeros(n: int) -> np.ndarray:
-        return np.zeros(n, dtype=np.float32)
 
     w = gguf.GGUFWriter(str(path), arch="clip")
     w.add_string("general.name", "respd-test-vision-tower")
