@@ -83,6 +83,23 @@ def test_a_prompt_evicted_from_its_slot_is_restored(
     assert text == fresh_text and done.completion_tokens == fresh.completion_tokens
 
 
+def test_each_turn_of_a_conversation_is_saved_though_it_adds_few_tokens(
+    tiered: LlamaCppEngine,
+) -> None:
+    """A turn adds a short instruction and a short answer, far fewer tokens than a whole
+    prompt must hold to be saved at all; its sequence is saved all the same, so the turn
+    after it restores everything up to its own new message."""
+    run(tiered, A)
+    run(tiered, B)
+    answer, _, n_next = run(tiered, A_NEXT)
+    saved = tiered.stats().kv_cache_ram_bytes
+    run(tiered, B)  # A_NEXT's sequence (A's entry plus under 64 tokens) leaves the slot
+    assert tiered.stats().kv_cache_ram_bytes > saved
+    third = [*A_NEXT, ChatMessage("assistant", answer), ChatMessage("user", "And white?")]
+    _, done, n_third = run(tiered, third)
+    assert done.cached_tokens >= n_next, (done.cached_tokens, n_next, n_third)
+
+
 def test_restored_prefix_gives_the_logits_of_a_fresh_prefill(
     tiered: LlamaCppEngine, plain: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -136,18 +153,21 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
         assert second.stats().kv_restored_tokens == done.cached_tokens
     finally:
         second.close()
-    # A file whose header holds but whose state llama.cpp refuses: prefill as if absent.
-    [saved] = tmp_path.glob("*.kv")
-    data = bytearray(saved.read_bytes())
-    _, _, n_tokens, key_len, state_len = HEADER.unpack_from(data)
-    start = HEADER.size + 4 * n_tokens + key_len
-    data[start : start + state_len] = bytes(state_len)
-    saved.write_bytes(bytes(data))
+    # The second engine's slot (A_NEXT and its answer) was written at shutdown beside A's.
+    saved = list(tmp_path.glob("*.kv"))
+    assert len(saved) == 2
+    # Files whose header holds but whose state llama.cpp refuses: prefill as if absent.
+    for path in saved:
+        data = bytearray(path.read_bytes())
+        _, _, n_tokens, key_len, state_len = HEADER.unpack_from(data)
+        start = HEADER.size + 4 * n_tokens + key_len
+        data[start : start + state_len] = bytes(state_len)
+        path.write_bytes(bytes(data))
     third = make_engine(**tiers)
     try:
         text, done, _ = run(third, A_NEXT)
         assert done.cached_tokens == 0 and third.stats().kv_restored_tokens == 0
-        assert not saved.exists()  # dropped
+        assert len(list(tmp_path.glob("*.kv"))) == 1  # the one tried is dropped
         with_plain = make_engine()
         try:
             assert text == run(with_plain, A_NEXT)[0]

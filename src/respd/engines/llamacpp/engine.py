@@ -61,7 +61,7 @@ from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import ConstraintError
 from respd.engines.families.profile import MEDIA_MARKER, detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
-from respd.engines.llamacpp.kvtier import MIN_RESTORE_TOKENS, KVTier, TierMatch, model_identity
+from respd.engines.llamacpp.kvtier import MIN_SAVE_TOKENS, KVTier, TierMatch, model_identity
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
@@ -699,11 +699,11 @@ class LlamaCppEngine:
         tier = self._kv_tier
         assert tier is not None
         tokens = slot.tokens
-        if len(tokens) - kept < MIN_RESTORE_TOKENS or min(tokens) < 0:
+        if len(tokens) - kept < MIN_SAVE_TOKENS or min(tokens) < 0:
             return False  # too little to lose, or image positions (no lookup uses them)
         others = [s for s in self._slots if s is not slot] if slots_stay else []
         elsewhere = max((common_prefix(tokens, s.tokens) for s in others), default=0)
-        if len(tokens) - max(kept, elsewhere, tier.covers(tokens)) < MIN_RESTORE_TOKENS:
+        if len(tokens) - max(kept, elsewhere, tier.covers(tokens)) < MIN_SAVE_TOKENS:
             return False
         seq = slot.seq_id
         # The sequence must hold exactly positions 0..n-1, else its state is not `tokens`'.

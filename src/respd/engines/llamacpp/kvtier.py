@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 # decoded anyway; for a gain of a few dozen tokens plain prefill costs about as much, and
 # every tiny prefix saved would crowd out the long ones worth keeping.
 MIN_RESTORE_TOKENS = 64
+# A sequence that extends a saved entry replaces it when saved (one state copy, a few ms
+# at most), and a later turn then skips prefilling the extension, which costs ~4 ms a token
+# on two cores; so a sequence is saved once it holds this many tokens beyond what is kept.
+# A conversation's turn (a short instruction and a short answer) adds about 45.
+MIN_SAVE_TOKENS = 16
 
 MAGIC = b"RESPDKV1"
 SUFFIX = ".kv"
