@@ -342,8 +342,87 @@ class RequestResult:
 Prompt = str | list[dict[str, Any]]  # one user message, or the whole message list
 
 
+class StreamError(Exception):
+    """A streamed request that failed: a connection error or a non-2xx status."""
+
+
+# The first generated text of a stream: a chat delta with non-empty content, or a
+# Responses text delta. Searched in raw bytes so that no event is parsed before the end.
+FIRST_TEXT = {
+    "chat": re.compile(rb'"content":\s*"[^"]'),
+    "responses": re.compile(rb'"type":\s*"response\.output_text\.delta"'),
+}
+
+
+async def post_stream(
+    server: Server, path: str, body: dict[str, Any], first_text: re.Pattern[bytes]
+) -> tuple[float, float | None, list[dict[str, Any]]]:
+    """POST `body` and read the event stream to its end on a connection of its own: the
+    time the first generated text arrived (None if none did), the end time, and the
+    events, parsed only after the end.
+
+    Each token the client handles costs the two shared cores the decode threads need, and
+    a full HTTP client parsing every event cost about half a millisecond a token here,
+    more than respd's own event loop. This reader appends bytes and matches one pattern
+    until the first text arrives, so the servers are measured with as little of the
+    client in the way as the wire allows. `Connection: close`: llama-server drops idle
+    keep-alive connections, which made pooled clients lose requests."""
+    url = httpx.URL(server.base_url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        "Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+        f"Connection: close\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode()
+    try:
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+    except OSError as exc:
+        raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+    first: float | None = None
+    chunks: list[bytes] = []
+    try:
+        writer.write(head + payload)
+        tail = b""
+        while data := await reader.read(65536):
+            chunks.append(data)
+            if first is None:
+                if first_text.search(tail + data):
+                    first = time.perf_counter()
+                tail = data[-64:]
+    except OSError as exc:
+        raise StreamError(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        writer.close()
+    end = time.perf_counter()
+    return first, end, parse_stream(b"".join(chunks))
+
+
+def parse_stream(raw: bytes) -> list[dict[str, Any]]:
+    """The `data:` events of an HTTP/1.1 response holding a server-sent event stream."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    status = int(status_line.split()[1]) if status_line.startswith("HTTP/") else 0
+    headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in header_lines)}
+    if "chunked" in headers.get("transfer-encoding", ""):
+        parts, at = [], 0
+        while True:
+            eol = body.find(b"\r\n", at)
+            size = int(body[at:eol].split(b";")[0] or b"0", 16) if eol >= 0 else 0
+            if size == 0:
+                break
+            parts.append(body[eol + 2 : eol + 2 + size])
+            at = eol + 2 + size + 2
+        body = b"".join(parts)
+    if not 200 <= status < 300:
+        raise StreamError(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+    events = []
+    for line in body.decode().splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+    return events
+
+
 async def stream_chat(
-    client: httpx.AsyncClient,
     server: Server,
     prompt: Prompt,
     max_tokens: int,
@@ -360,36 +439,28 @@ async def stream_chat(
         **(extra or {}),
     }
     start = time.perf_counter()
-    first = None
+    first, end, events = await post_stream(server, "/v1/chat/completions", body, FIRST_TEXT["chat"])
     result = RequestResult(0.0, 0.0, 0)
     parts: list[str] = []
-    async with client.stream("POST", server.base_url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            for choice in data.get("choices", []):
-                if content := choice["delta"].get("content"):
-                    first = first or time.perf_counter()
-                    parts.append(content)
-            if usage := data.get("usage"):
-                result.tokens = usage["completion_tokens"]
-                result.input_tokens = usage.get("prompt_tokens", 0)
-                details = usage.get("prompt_tokens_details") or {}
-                if "cached_tokens" in details:
-                    result.cached_tokens = details["cached_tokens"]
-            # llama-server reports its prompt-cache reuse in `timings`, not always in usage.
-            timings = data.get("timings") or {}
-            if result.cached_tokens is None and "cache_n" in timings:
-                result.cached_tokens = timings["cache_n"]
-    end = time.perf_counter()
+    for data in events:
+        for choice in data.get("choices", []):
+            if content := choice["delta"].get("content"):
+                parts.append(content)
+        if usage := data.get("usage"):
+            result.tokens = usage["completion_tokens"]
+            result.input_tokens = usage.get("prompt_tokens", 0)
+            details = usage.get("prompt_tokens_details") or {}
+            if "cached_tokens" in details:
+                result.cached_tokens = details["cached_tokens"]
+        # llama-server reports its prompt-cache reuse in `timings`, not always in usage.
+        timings = data.get("timings") or {}
+        if result.cached_tokens is None and "cache_n" in timings:
+            result.cached_tokens = timings["cache_n"]
     result.ttft, result.duration, result.text = (first or end) - start, end - start, "".join(parts)
     return result
 
 
 async def stream_responses(
-    client: httpx.AsyncClient,
     server: Server,
     prompt: Prompt,
     max_tokens: int,
@@ -404,25 +475,20 @@ async def stream_responses(
         **(extra or {}),
     }
     start = time.perf_counter()
-    first = None
+    first, end, events = await post_stream(server, "/v1/responses", body, FIRST_TEXT["responses"])
     result = RequestResult(0.0, 0.0, 0)
     parts: list[str] = []
-    async with client.stream("POST", server.base_url + "/v1/responses", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            data = json.loads(line[6:])
-            if data["type"] == "response.output_text.delta":
-                first = first or time.perf_counter()
-                parts.append(data["delta"])
-            if data["type"] in ("response.completed", "response.incomplete"):
-                usage = data["response"]["usage"]
-                result.tokens = usage["output_tokens"]
-                result.input_tokens = usage["input_tokens"]
-                result.cached_tokens = usage["input_tokens_details"]["cached_tokens"]
-                result.response_id = data["response"]["id"]
-    end = time.perf_counter()
+    for data in events:
+        if data["type"] == "response.output_text.delta":
+            parts.append(data["delta"])
+        if data["type"] in ("response.completed", "response.incomplete"):
+            usage = data["response"]["usage"]
+            result.tokens = usage["output_tokens"]
+            result.input_tokens = usage["input_tokens"]
+            result.cached_tokens = usage["input_tokens_details"]["cached_tokens"]
+            result.response_id = data["response"]["id"]
+        if data["type"] in ("response.failed", "error"):
+            raise StreamError(f"the stream failed: {json.dumps(data)[:300]}")
     result.ttft, result.duration, result.text = (first or end) - start, end - start, "".join(parts)
     return result
 
@@ -461,34 +527,17 @@ async def run_requests(
     sem = asyncio.Semaphore(concurrency)
     results: list[RequestResult | None] = [None] * len(prompts)
     errors: list[str] = []
-    retried: list[int] = []
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def one(i: int) -> None:
-            async with sem:
-                for attempt in range(2):
-                    try:
-                        results[i] = await fn(client, server, prompts[i], max_tokens, extra)
-                        return
-                    except httpx.HTTPError as exc:
-                        # A pooled keep-alive connection the server closed as the request
-                        # went out (llama-server closes one after a few requests): the
-                        # server never saw the request, so it goes again on a fresh one.
-                        dropped = isinstance(exc, httpx.RemoteProtocolError) and (
-                            "without sending a response" in str(exc)
-                        )
-                        if attempt == 0 and dropped:
-                            retried.append(i)
-                            continue
-                        errors.append(f"{type(exc).__name__}: {exc}")
-                        return
+    async def one(i: int) -> None:
+        async with sem:
+            try:
+                results[i] = await fn(server, prompts[i], max_tokens, extra)
+            except StreamError as exc:
+                errors.append(str(exc))
 
-        start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(len(prompts))))
-        wall = time.perf_counter() - start
-    if retried:
-        print(f"  {server.name}: {len(retried)} request(s) resent after a dropped keep-alive")
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    wall = time.perf_counter() - start
     return results, wall, errors
 
 
@@ -677,42 +726,38 @@ async def agent_chain(server: Server, api: str, args: argparse.Namespace) -> dic
     errors: list[str] = []
     by_turn: list[list[RequestResult]] = []
     sem = asyncio.Semaphore(args.agent_slots)
-    # A fresh connection per turn: reusing one that llama-server closed while the client
-    # waited for the other conversations failed a turn with "Server disconnected".
-    limits = httpx.Limits(max_connections=args.agent_slots + 4, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
 
-        async def one(i: int, k: int) -> RequestResult | None:
-            user = {"role": "user", "content": AGENT_TURNS[k % len(AGENT_TURNS)]}
-            async with sem:
-                if i in broken:
-                    return None
-                try:
-                    if api == "responses":
-                        body: dict[str, Any] = {"store": True, "prompt_cache_key": f"conv-{i}"}
-                        if k:
-                            body["previous_response_id"] = previous[i]
-                        prompt = user["content"] if k else [*history[i], user]
-                        r = await stream_responses(client, server, prompt, max_tokens, body)
-                        if not r.response_id:
-                            raise RuntimeError("the response did not complete")
-                        previous[i] = r.response_id
-                    else:
-                        history[i].append(user)
-                        extra = {"cache_prompt": True}
-                        r = await stream_chat(client, server, history[i], max_tokens, extra)
-                        history[i].append({"role": "assistant", "content": r.text})
-                    return r
-                except (httpx.HTTPError, RuntimeError) as exc:
-                    broken.add(i)
-                    errors.append(f"conversation {i} turn {k + 1}: {type(exc).__name__}: {exc}")
-                    return None
+    async def one(i: int, k: int) -> RequestResult | None:
+        user = {"role": "user", "content": AGENT_TURNS[k % len(AGENT_TURNS)]}
+        async with sem:
+            if i in broken:
+                return None
+            try:
+                if api == "responses":
+                    body: dict[str, Any] = {"store": True, "prompt_cache_key": f"conv-{i}"}
+                    if k:
+                        body["previous_response_id"] = previous[i]
+                    prompt = user["content"] if k else [*history[i], user]
+                    r = await stream_responses(server, prompt, max_tokens, body)
+                    if not r.response_id:
+                        raise RuntimeError("the response did not complete")
+                    previous[i] = r.response_id
+                else:
+                    history[i].append(user)
+                    extra = {"cache_prompt": True}
+                    r = await stream_chat(server, history[i], max_tokens, extra)
+                    history[i].append({"role": "assistant", "content": r.text})
+                return r
+            except (StreamError, RuntimeError) as exc:
+                broken.add(i)
+                errors.append(f"conversation {i} turn {k + 1}: {type(exc).__name__}: {exc}")
+                return None
 
-        start = time.perf_counter()
-        for k in range(turns):
-            done = await asyncio.gather(*(one(i, k) for i in range(n)))
-            by_turn.append([r for r in done if r is not None])
-        wall = time.perf_counter() - start
+    start = time.perf_counter()
+    for k in range(turns):
+        done = await asyncio.gather(*(one(i, k) for i in range(n)))
+        by_turn.append([r for r in done if r is not None])
+    wall = time.perf_counter() - start
     later = [r for results in by_turn[1:] for r in results]
     ttfts = [r.ttft for r in later]
     out: dict[str, Any] = {
