@@ -149,6 +149,8 @@ class SamplingParams:
     # output at all (`ignore_eos`, so only `max_tokens` ends it) or not before `min_tokens`.
     ignore_eos: bool = False
     min_tokens: int = 0
+    # Chat's `logit_bias`: added to these tokens' logits before any other sampler.
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -324,6 +326,9 @@ class Engine(Protocol):
     # Sampling applied when a request sets none (`temperature`, `top_p`, ...); what the
     # engine does not say, the server it talks to decides.
     default_sampling: dict[str, float]
+    # Token ids run from 0 to n_vocab - 1; None where the engine cannot say (a remote
+    # server checks the ids it is sent itself).
+    n_vocab: int | None
 
     def check_schema(self, schema: dict[str, Any]) -> None:
         """Raise `constraints.SchemaRejected` when this engine cannot enforce `schema`

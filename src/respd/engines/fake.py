@@ -83,12 +83,14 @@ class FakeEngine:
         vision: bool = False,
         capacity: int = 64,
         default_sampling: dict[str, float] | None = None,
+        n_vocab: int | None = None,
     ) -> None:
         self.model_id = model_id
         self.context_window = context_window
         self.vision = vision
         self.profile = profile or detect_profile(template, MEDIA_MARKER)
         self.default_sampling = dict(default_sampling or {"temperature": 1.0, "top_p": 1.0})
+        self.n_vocab = n_vocab
         self.prompter = TemplatePrompter(
             ChatTemplate(template), self.profile, self._tokenize, context_window
         )

@@ -192,6 +192,8 @@ def request_body(
         "min_tokens": params.min_tokens or None,
     }
     body.update({k: v for k, v in sampling.items() if v is not None})
+    if params.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in params.logit_bias.items()}
     if params.logprobs is not None:
         body["logprobs"] = True
         body["top_logprobs"] = params.logprobs
@@ -514,6 +516,7 @@ class UpstreamEngine:
         self.enforces_schemas = enforces_schemas
         self.profile = STRUCTURED
         self.default_sampling: dict[str, float] = {}  # the upstream applies its own
+        self.n_vocab: int | None = None
         self.max_concurrency = max_concurrency
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._base_url = base_url.rstrip("/")

@@ -320,6 +320,20 @@ async def test_benchmark_extensions_are_forwarded(sent: list[dict[str, Any]]) ->
     assert "ignore_eos" not in plain and "min_tokens" not in plain
 
 
+async def test_logit_bias_is_forwarded(sent: list[dict[str, Any]]) -> None:
+    """Chat's `logit_bias` reaches the upstream as sent (its ids are the upstream's own
+    tokenizer's, so it checks them); a request without it sends none."""
+    async with app_over(streaming(SGLANG), sent) as http:
+        chat = {"model": "front", "messages": [{"role": "user", "content": "hi"}]}
+        r = await http.post("/v1/chat/completions", json=chat | {"logit_bias": {"42": -100}})
+        assert r.status_code == 200, r.text
+        r = await http.post("/v1/chat/completions", json=chat)
+        assert r.status_code == 200, r.text
+    biased, plain = sent
+    assert biased["logit_bias"] == {"42": -100.0}
+    assert "logit_bias" not in plain
+
+
 def test_upstream_entries() -> None:
     spec = UpstreamSpec.parse("big=http://gpu:8000/v1,model=Qwen/Qwen3-8B,key=sk-x,ctx=32768")
     assert spec == UpstreamSpec(

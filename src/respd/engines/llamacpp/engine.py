@@ -65,7 +65,7 @@ from respd.engines.llamacpp.kvtier import MIN_SAVE_TOKENS, KVTier, TierMatch, mo
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
-from respd.engines.llamacpp.sampler import GrammarCheckedSampler, token_block
+from respd.engines.llamacpp.sampler import GrammarCheckedSampler, logit_bias, token_block
 from respd.engines.llamacpp.slots import Slot, common_prefix, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
 from respd.engines.prompting import TemplatePrompter
@@ -258,6 +258,7 @@ class LlamaCppEngine:
             path_model=str(model_path), params=mparams, verbose=False
         )
         self.context_window = n_ctx
+        self.n_vocab: int | None = self._model.n_vocab()
         self._n_batch = max(1, min(n_batch, n_ctx))
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx * parallel  # every sequence may use its full window
@@ -749,6 +750,8 @@ class LlamaCppEngine:
             add = llama_cpp.llama_sampler_chain_add
             if block_eog:  # first, where `_lift_eog_block` finds it
                 add(chain, token_block(self._model.n_vocab(), self._eog_ids))
+            if p.logit_bias:
+                add(chain, logit_bias(self._model.n_vocab(), p.logit_bias))
             repeat = d.get("repeat_penalty", 1.0) if p.repeat_penalty is None else p.repeat_penalty
             if p.presence_penalty or p.frequency_penalty or repeat != 1.0:
                 add(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import llama_cpp
@@ -68,13 +68,19 @@ class GrammarCheckedSampler:
         self.close()
 
 
-def token_block(n_vocab: int, tokens: Collection[int]) -> Any:
-    """A llama.cpp logit-bias sampler that gives `tokens` a logit of -inf, so no later
-    sampler of its chain can pick them (how `ignore_eos`/`min_tokens` keep the output
-    going, as llama-server does)."""
-    ids = sorted(tokens)
-    biases = (llama_cpp.llama_logit_bias * len(ids))(
-        *(llama_cpp.llama_logit_bias(token, -math.inf) for token in ids)
+def logit_bias(n_vocab: int, biases: Mapping[int, float]) -> Any:
+    """A llama.cpp sampler adding `biases` to those tokens' logits. The ids must be below
+    `n_vocab`: llama.cpp indexes the logits with them unchecked."""
+    ids = sorted(biases)
+    array = (llama_cpp.llama_logit_bias * len(ids))(
+        *(llama_cpp.llama_logit_bias(token, biases[token]) for token in ids)
     )
     # llama.cpp copies the array, so it need not outlive this call.
-    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(ids), biases)
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(ids), array)
+
+
+def token_block(n_vocab: int, tokens: Collection[int]) -> Any:
+    """A logit-bias sampler that gives `tokens` a logit of -inf, so no later sampler of
+    its chain can pick them (how `ignore_eos`/`min_tokens` keep the output going, as
+    llama-server does)."""
+    return logit_bias(n_vocab, dict.fromkeys(tokens, -math.inf))

@@ -164,6 +164,8 @@ class ChatService:
             frequency_penalty=req.frequency_penalty,
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
+            logit_bias=req.logit_bias,
+            n_vocab=engine.n_vocab,
         )
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > MAX_STOP_SEQUENCES:

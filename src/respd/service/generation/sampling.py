@@ -7,6 +7,7 @@ Fields a request leaves out stay None: the engine applies its defaults (the serv
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from respd.engines.base import SamplingParams
 from respd.protocol.errors import InvalidRequest
@@ -33,7 +34,11 @@ def build_sampling(
     frequency_penalty: float | None = None,
     ignore_eos: bool | None = None,
     min_tokens: int | None = None,
+    logit_bias: Mapping[str, float] | None = None,
+    n_vocab: int | None = None,
 ) -> SamplingParams:
+    """`logit_bias` keys are token ids as strings (JSON object keys), checked against the
+    engine's `n_vocab` when it knows it."""
     _check_range(temperature, "temperature", 0.0, 2.0)
     _check_range(top_p, "top_p", 0.0, 1.0)
     _check_range(presence_penalty, "presence_penalty", -2.0, 2.0)
@@ -58,6 +63,16 @@ def build_sampling(
             param="min_tokens",
             code="invalid_value",
         )
+    bias = {int(token): float(value) for token, value in (logit_bias or {}).items()}
+    outside = sorted(t for t in bias if n_vocab is not None and t >= n_vocab)
+    if outside:
+        assert n_vocab is not None
+        raise InvalidRequest(
+            f"Invalid 'logit_bias': token id {outside[0]} is not in this model's vocabulary "
+            f"(ids 0 to {n_vocab - 1}).",
+            param="logit_bias",
+            code="invalid_value",
+        )
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
@@ -67,4 +82,5 @@ def build_sampling(
         frequency_penalty=frequency_penalty or 0.0,
         ignore_eos=bool(ignore_eos),
         min_tokens=min_tokens or 0,
+        logit_bias=bias,
     )
