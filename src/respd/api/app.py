@@ -27,6 +27,7 @@ from respd.api.quotas import (
     TokenAccounting,
 )
 from respd.engines.base import Engine
+from respd.protocol.wire import build_sdk_types
 from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
@@ -79,6 +80,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        build_sdk_types()
         await store.open()
         await jobs.open()
         purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
