@@ -788,14 +788,19 @@ async def agent_chain(server: Server, api: str, args: argparse.Namespace) -> dic
     return out
 
 
+# The agent case's llama-server row without its host-memory prompt cache.
+NO_RAM_CACHE = "llama-server --cache-ram 0"
+
+
 def run_agent_case(
     args: argparse.Namespace, log_dir: Path, rss: dict[str, float]
 ) -> dict[str, Any]:
     """The agent chain on fresh instances of both servers with `agent_slots` slots each;
-    respd on its defaults (its host-memory KV tier included), llama-server with cache reuse."""
-    llama_extra = (
-        ["--cache-reuse", "256"] if "--cache-reuse" in help_text([str(args.llama_server)]) else []
-    )
+    respd on its defaults (its host-memory KV tier included), llama-server with cache reuse
+    on its defaults, and once more without its host-memory prompt cache (`--cache-ram 0`),
+    where it has one: what a server that keeps only its slots' caches does."""
+    llama_help = help_text([str(args.llama_server)])
+    llama_extra = ["--cache-reuse", "256"] if "--cache-reuse" in llama_help else []
     out: dict[str, Any] = {
         "conversations": args.agent_conversations,
         "turns": args.agent_turns,
@@ -822,6 +827,21 @@ def run_agent_case(
             partial(start_respd, args, log_dir, parallel=args.agent_slots, name="respd agent"),
         ),
     ]
+    if "--cache-ram" in llama_help:
+        starts.append(
+            (
+                NO_RAM_CACHE,
+                "chat",
+                partial(
+                    start_llama_server,
+                    args,
+                    log_dir,
+                    parallel=args.agent_slots,
+                    extra=[*llama_extra, "--cache-ram", "0"],
+                    name="llama-server agent cache-ram 0",
+                ),
+            )
+        )
     for key, api, start in starts:
         try:
             server = start()
@@ -960,21 +980,21 @@ def print_agent(agent: dict[str, Any]) -> None:
         f"{agent['max_tokens']} tokens/turn; TTFT over turns 2..{agent['turns']}"
     )
     head = (
-        f"{'server/api':<22} {'TTFT p50':>9} {'TTFT p95':>9} {'turn-1 p50':>10} "
+        f"{'server/api':<31} {'TTFT p50':>9} {'TTFT p95':>9} {'turn-1 p50':>10} "
         f"{'wall':>8} {'cached':>7}"
     )
     print(head)
     print("-" * len(head))
-    for key in ("llama-server", "respd"):
+    for key in ("llama-server", NO_RAM_CACHE, "respd"):
         r = agent.get(key)
         if not r:
             continue
         if "error" in r:
-            print(f"{key:<22} failed: {r['error']}")
+            print(f"{key:<31} failed: {r['error']}")
             continue
         cached = "-" if r["cached_fraction"] is None else f"{r['cached_fraction']:.0%}"
         print(
-            f"{key + '/' + r['api']:<22} {ms(r['ttft_p50']):>9} {ms(r['ttft_p95']):>9} "
+            f"{key + '/' + r['api']:<31} {ms(r['ttft_p50']):>9} {ms(r['ttft_p95']):>9} "
             f"{ms(r['turn1_ttft_p50']):>10} {r['wall_s']:7.1f}s {cached:>7}"
             + (f"  ({r['errors']} errors; first: {r['first_error']})" if r["errors"] else "")
         )
@@ -986,6 +1006,14 @@ def print_agent(agent: dict[str, Any]) -> None:
             print(
                 f"respd / llama-server: TTFT p50 {agent['respd_over_llama_ttft_p50']:.2f}x, "
                 f"wall {agent['respd_over_llama_wall']:.2f}x"
+            )
+    if "respd" in agent and NO_RAM_CACHE in agent:
+        a, b = agent["respd"], agent[NO_RAM_CACHE]
+        if a.get("ttft_p50") and b.get("ttft_p50"):
+            agent["respd_over_llama_no_ram_cache_ttft_p50"] = a["ttft_p50"] / b["ttft_p50"]
+            print(
+                f"respd / llama-server without its RAM prompt cache: TTFT p50 "
+                f"{agent['respd_over_llama_no_ram_cache_ttft_p50']:.2f}x"
             )
     for key in ("respd", "llama-server"):
         if "flags" in agent.get(key, {}):
