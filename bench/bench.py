@@ -808,19 +808,14 @@ def run_agent_case(
         "concurrency": args.agent_slots,
         "max_tokens": args.agent_max_tokens,
     }
+
+    def llama(extra: list[str], name: str) -> Callable[[], Server]:
+        return partial(
+            start_llama_server, args, log_dir, parallel=args.agent_slots, extra=extra, name=name
+        )
+
     starts: list[tuple[str, str, Callable[[], Server]]] = [
-        (
-            "llama-server",
-            "chat",
-            partial(
-                start_llama_server,
-                args,
-                log_dir,
-                parallel=args.agent_slots,
-                extra=llama_extra,
-                name="llama-server agent",
-            ),
-        ),
+        ("llama-server", "chat", llama(llama_extra, "llama-server agent")),
         (
             "respd",
             "responses",
@@ -828,20 +823,8 @@ def run_agent_case(
         ),
     ]
     if "--cache-ram" in llama_help:
-        starts.append(
-            (
-                NO_RAM_CACHE,
-                "chat",
-                partial(
-                    start_llama_server,
-                    args,
-                    log_dir,
-                    parallel=args.agent_slots,
-                    extra=[*llama_extra, "--cache-ram", "0"],
-                    name="llama-server agent cache-ram 0",
-                ),
-            )
-        )
+        no_cache = llama([*llama_extra, "--cache-ram", "0"], "llama-server agent cache-ram 0")
+        starts.append((NO_RAM_CACHE, "chat", no_cache))
     for key, api, start in starts:
         try:
             server = start()
