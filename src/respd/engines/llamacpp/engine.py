@@ -208,7 +208,10 @@ class _JobStream:
         self._release(self._job)
 
     def __del__(self) -> None:
-        self._job.cancel.set()
+        # Through `release`, which also wakes a worker that waits with nothing to step (every
+        # job waiting for an image encode): a dropped job then ends now, not after its encode.
+        # The engine's lock is reentrant, so this is safe on the worker thread too.
+        self._release(self._job)
 
 
 class LlamaCppEngine:
