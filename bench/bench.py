@@ -59,7 +59,13 @@ PROMPTS = [
 CASES = ("levels", "prefix", "agent", "edit", "ceiling")
 # What a case survives (a server that exits or hangs at start, a dropped connection): it
 # is recorded and the run goes on, so one broken part does not lose the others' numbers.
-CASE_ERRORS = (RuntimeError, OSError, httpx.HTTPError, subprocess.SubprocessError)
+
+
+class StreamError(Exception):
+    """A streamed request that failed: a connection error or a non-2xx status."""
+
+
+CASE_ERRORS = (RuntimeError, OSError, httpx.HTTPError, subprocess.SubprocessError, StreamError)
 # Sent on every throughput-level request: both servers decode exactly max_tokens, so their
 # token rates compare like with like whatever the model would have stopped at.
 LEVEL_EXTRA: dict[str, Any] = {"ignore_eos": True}
@@ -342,10 +348,6 @@ class RequestResult:
 Prompt = str | list[dict[str, Any]]  # one user message, or the whole message list
 
 
-class StreamError(Exception):
-    """A streamed request that failed: a connection error or a non-2xx status."""
-
-
 # The first generated text of a stream: a chat delta with non-empty content, or a
 # Responses text delta. Searched in raw bytes so that no event is parsed before the end.
 FIRST_TEXT = {
@@ -356,7 +358,7 @@ FIRST_TEXT = {
 
 async def post_stream(
     server: Server, path: str, body: dict[str, Any], first_text: re.Pattern[bytes]
-) -> tuple[float, float | None, list[dict[str, Any]]]:
+) -> tuple[float | None, float, list[dict[str, Any]]]:
     """POST `body` and read the event stream to its end on a connection of its own: the
     time the first generated text arrived (None if none did), the end time, and the
     events, parsed only after the end.
@@ -658,46 +660,40 @@ async def prefix_cache_case(server: Server, slots: int) -> dict[str, Any]:
         "Which lantern is the tenth?",
         "Is lantern 42 blue?",
     ]
-    async with httpx.AsyncClient(timeout=600) as client:
 
-        async def create(body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-            body = {
-                "model": server.model,
-                "max_output_tokens": 16,
-                "temperature": 0,
-                "stream": True,
-                **body,
-            }
-            start = time.perf_counter()
-            first = None
-            final: dict[str, Any] = {}
-            async with client.stream("POST", server.base_url + "/v1/responses", json=body) as r:
-                r.raise_for_status()
-                async for line in r.aiter_lines():
-                    if line.startswith("data: "):
-                        data = json.loads(line[6:])
-                        if first is None and data["type"] == "response.output_text.delta":
-                            first = time.perf_counter()
-                        if "response" in data:
-                            final = data["response"]
-            return (first or time.perf_counter()) - start, final
-
-        _, r1 = await create({"input": f"{doc}\n\n{turns[0]}"})
-        _, r2 = await create({"input": turns[1], "previous_response_id": r1["id"]})
-        warm_ttft, r3 = await create({"input": turns[2], "previous_response_id": r2["id"]})
-        history = [
-            {"role": "user", "content": f"{doc}\n\n{turns[0]}"},
-            {"role": "assistant", "content": r1["output"][0]["content"][0]["text"]},
-            {"role": "user", "content": turns[1]},
-            {"role": "assistant", "content": r2["output"][0]["content"][0]["text"]},
-            {"role": "user", "content": turns[2]},
-        ]
-        # Evict every slot's cache: one unrelated long prompt per slot, all at once.
-        filler = " ".join(f"Unrelated sentence number {i} about gardens." for i in range(120))
-        await asyncio.gather(
-            *(create({"input": f"{k} {filler}", "max_output_tokens": 1}) for k in range(slots))
+    async def create(body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        body = {
+            "model": server.model,
+            "max_output_tokens": 16,
+            "temperature": 0,
+            "stream": True,
+            **body,
+        }
+        start = time.perf_counter()
+        first, end, events = await post_stream(
+            server, "/v1/responses", body, FIRST_TEXT["responses"]
         )
-        cold_ttft, cold = await create({"input": history})
+        final: dict[str, Any] = next(
+            (e["response"] for e in reversed(events) if "response" in e), {}
+        )
+        return (first or end) - start, final
+
+    _, r1 = await create({"input": f"{doc}\n\n{turns[0]}"})
+    _, r2 = await create({"input": turns[1], "previous_response_id": r1["id"]})
+    warm_ttft, r3 = await create({"input": turns[2], "previous_response_id": r2["id"]})
+    history = [
+        {"role": "user", "content": f"{doc}\n\n{turns[0]}"},
+        {"role": "assistant", "content": r1["output"][0]["content"][0]["text"]},
+        {"role": "user", "content": turns[1]},
+        {"role": "assistant", "content": r2["output"][0]["content"][0]["text"]},
+        {"role": "user", "content": turns[2]},
+    ]
+    # Evict every slot's cache: one unrelated long prompt per slot, all at once.
+    filler = " ".join(f"Unrelated sentence number {i} about gardens." for i in range(120))
+    await asyncio.gather(
+        *(create({"input": f"{k} {filler}", "max_output_tokens": 1}) for k in range(slots))
+    )
+    cold_ttft, cold = await create({"input": history})
     usage = r3["usage"]
     return {
         "history_tokens": usage["input_tokens"],
