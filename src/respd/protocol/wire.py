@@ -32,16 +32,12 @@ def wire(model: BaseModel) -> dict[str, Any]:
     return out
 
 
-def build_sdk_types() -> int:
-    """Build the validators and serializers of the SDK types respd sends; returns how many
-    were still unbuilt. The SDK defers each type's build to its first use, so a fresh
-    server's first response of each kind waited for it: about 40 ms for `Response` alone
-    on an idle core, several times that beside running decode threads. All of them take
-    about 0.1 s at startup."""
+def build_sdk_types() -> None:
+    """Build the validators and serializers of the SDK types respd sends. The SDK defers
+    each type's build to its first use, so a fresh server's first response of each kind
+    waited for it: about 40 ms for `Response` alone on an idle core, several times that
+    beside running decode threads. All of them take about 0.1 s at startup."""
     events = get_args(get_args(ResponseStreamEvent)[0])
-    built = 0
     for cls in (Response, ChatCompletion, ChatCompletionChunk, *events):
         if not cls.__pydantic_complete__:
             cls.model_rebuild()
-            built += 1
-    return built

@@ -64,11 +64,10 @@ def build_sampling(
             code="invalid_value",
         )
     bias = {int(token): float(value) for token, value in (logit_bias or {}).items()}
-    outside = sorted(t for t in bias if n_vocab is not None and t >= n_vocab)
-    if outside:
-        assert n_vocab is not None
+    outside = [t for t in bias if n_vocab is not None and t >= n_vocab]
+    if outside and n_vocab is not None:
         raise InvalidRequest(
-            f"Invalid 'logit_bias': token id {outside[0]} is not in this model's vocabulary "
+            f"Invalid 'logit_bias': token id {min(outside)} is not in this model's vocabulary "
             f"(ids 0 to {n_vocab - 1}).",
             param="logit_bias",
             code="invalid_value",
