@@ -270,7 +270,7 @@ class LlamaCppEngine:
         cparams.n_seq_max = parallel
         # One KV stream per sequence: attention then spans only that sequence's own cells,
         # not every prefix the other slots keep cached. Sharing a prefix across slots
-        # copies the stream (see `_admit_pending`).
+        # copies its cells (see `_copy_sequence`).
         cparams.kv_unified = False
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
@@ -338,9 +338,6 @@ class LlamaCppEngine:
         self._lock = threading.Condition()
         self._closing = False
         self._step = 0
-        # Sequences a stream copy was queued for, by the step it was queued at: llama.cpp
-        # copies the buffer at the next decode, so until then their state is not theirs.
-        self._copied_at: dict[int, int] = {}
         self._stats = EngineStats()
         self._image_encode = image_encode
         self._n_threads = n_threads
@@ -596,12 +593,8 @@ class LlamaCppEngine:
             reuse, copy_from = placement.reuse, placement.copy_from
             if self._kv_tier is not None:
                 reuse, copy_from = self._use_kv_tier(job, slot, reuse, copy_from)
-            if copy_from is not None:
-                # Streams are copied whole (llama.cpp copies the buffer at the next decode);
-                # the tail past the shared prefix is then dropped.
-                llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
-                llama_cpp.llama_memory_seq_cp(self._mem, copy_from.seq_id, seq, -1, -1)
-                self._copied_at[seq] = self._copied_at[copy_from.seq_id] = self._step
+            if copy_from is not None and not self._copy_sequence(copy_from, slot):
+                reuse = 0  # the slot's own cells went first
             llama_cpp.llama_memory_seq_rm(self._mem, seq, job.position(reuse), -1)
             slot.tokens = job.prompt[:reuse]
             slot.prompt_len = len(job.prompt)
@@ -666,10 +659,30 @@ class LlamaCppEngine:
         )
         return KVTier(identity, ram_bytes=ram_bytes, disk_dir=disk_dir, disk_bytes=disk_bytes)
 
-    def _settled(self, seq: int) -> bool:
-        """Whether `seq`'s buffer holds its own cells: no stream copy into or out of it is
-        still waiting for the next decode."""
-        return self._copied_at.get(seq, -1) < self._step
+    def _sequence_state(self, seq: int) -> tuple[ctypes.Array[ctypes.c_uint8], int] | None:
+        """`seq`'s KV cells serialised by llama.cpp: (buffer, bytes used), or None."""
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, seq)
+        return (buf, n) if n else None
+
+    def _copy_sequence(self, src: Slot, dst: Slot) -> bool:
+        """Put a copy of `src`'s KV cells in `dst`'s sequence, whose old cells go first.
+
+        Through the sequence state rather than `llama_memory_seq_cp`: across KV streams
+        that copies the whole stream buffer, at the cost of the context size and making
+        every page of the target stream resident; the state holds only the cells in use.
+        The caller then drops what follows the shared prefix."""
+        llama_cpp.llama_memory_seq_rm(self._mem, dst.seq_id, -1, -1)
+        dst.tokens = []
+        state = self._sequence_state(src.seq_id)
+        if state is not None and llama_cpp.llama_state_seq_set_data(
+            self._ctx.ctx, state[0], state[1], dst.seq_id
+        ):
+            return True
+        log.warning("copying a KV sequence between slots failed; the prefix is decoded again")
+        llama_cpp.llama_memory_seq_rm(self._mem, dst.seq_id, -1, -1)
+        return False
 
     def _use_kv_tier(
         self, job: _Job, slot: Slot, reuse: int, copy_from: Slot | None
@@ -680,8 +693,6 @@ class LlamaCppEngine:
         copy_from) after that."""
         tier = self._kv_tier
         assert tier is not None
-        if not self._settled(slot.seq_id):
-            return reuse, copy_from
         match = None
         if not job.images:  # prompts with images skip the tiers: simpler, and rarely long
             limit = max(len(job.prompt) - 1, 0)
@@ -717,12 +728,10 @@ class LlamaCppEngine:
         )
         if held != (0, len(tokens) - 1):
             return False
-        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buf, size, seq)
-        if n == 0:
+        state = self._sequence_state(seq)
+        if state is None:
             return False
-        return tier.put(tokens, memoryview(buf)[:n].tobytes(), slot.cache_key)
+        return tier.put(tokens, memoryview(state[0])[: state[1]].tobytes(), slot.cache_key)
 
     def _restore_sequence(self, slot: Slot, match: TierMatch) -> bool:
         """Load `match`'s saved state into `slot`'s sequence (its old cells go first); on
@@ -1031,8 +1040,7 @@ class LlamaCppEngine:
             if self._kv_tier.persistent and not self._worker.is_alive():
                 # Longest first: a slot holding a prefix of a saved one is then covered.
                 for slot in sorted(self._slots, key=lambda s: -len(s.tokens)):
-                    if self._settled(slot.seq_id):
-                        self._save_sequence(slot, 0, slots_stay=False)
+                    self._save_sequence(slot, 0, slots_stay=False)
             self._kv_tier.close()
         self._release_native()
 

@@ -4,7 +4,7 @@ Each slot is one llama.cpp sequence id. A slot remembers the tokens its sequence
 the KV cache after its request ends, so the next request that starts with the same tokens
 (a `previous_response_id` turn, a conversation, a shared `instructions` block) skips that
 prefill. A prefix held by *any* slot can be shared into the slot a new request gets
-(its KV stream is copied).
+(its KV cells are copied).
 """
 
 from __future__ import annotations
