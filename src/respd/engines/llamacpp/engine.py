@@ -65,6 +65,7 @@ from respd.engines.llamacpp.kvtier import MIN_SAVE_TOKENS, KVTier, TierMatch, mo
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
+from respd.engines.llamacpp.pages import released_zero_pages
 from respd.engines.llamacpp.sampler import GrammarCheckedSampler, logit_bias, token_block
 from respd.engines.llamacpp.slots import Slot, common_prefix, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
@@ -282,7 +283,10 @@ class LlamaCppEngine:
         except OSError:
             self._model.close()
             raise
-        self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
+        released: dict[str, int] = {}
+        with released_zero_pages(released):
+            self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
+        log.info("released %.0f MiB of zeroed KV cache pages", released["released"] / 2**20)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._vocab = self._model.vocab
