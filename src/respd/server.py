@@ -9,15 +9,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 import uvicorn
 from rich.console import Console
 
-from respd.api.app import create_app
-from respd.api.guard import MULTIPART_OVERHEAD, GuardSettings, default_allowed_hosts, is_loopback
+from respd.api.guard import MULTIPART_OVERHEAD, default_allowed_hosts, is_loopback
 from respd.api.identity import KeyRing
-from respd.api.quotas import QuotaSettings
 from respd.config import Settings
 from respd.engines.base import Engine
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
@@ -26,12 +25,19 @@ from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
-from respd.service.limits import InputLimits
-from respd.service.media.resolver import MediaSettings
 from respd.service.models import ModelRegistry
-from respd.service.sealing import Sealer
 from respd.store import Limits, Store, StoreConfigError, open_store, redacted
 from respd.store.memory import file_limits
+
+# The web stack (FastAPI, pydantic models, the openai SDK's types: some 40 MiB) is imported
+# only once the model is loaded. llama.cpp clears its whole KV buffer when it creates the
+# context, so that moment is the process's peak memory; the engine then hands the unused
+# pages back (`engines/llamacpp/pages.py`) before the web stack grows the process.
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from respd.api.guard import GuardSettings
+    from respd.service.media.resolver import MediaSettings
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +225,8 @@ def build_store(settings: Settings) -> Store:
 
 
 def media_settings(settings: Settings) -> MediaSettings:
+    from respd.service.media.resolver import MediaSettings
+
     return MediaSettings(
         max_image_bytes=settings.max_image_bytes,
         max_image_pixels=settings.max_image_pixels,
@@ -232,6 +240,8 @@ def media_settings(settings: Settings) -> MediaSettings:
 
 
 def guard_settings(settings: Settings) -> GuardSettings:
+    from respd.api.guard import GuardSettings
+
     return GuardSettings(
         allowed_hosts=settings.allowed_hosts or default_allowed_hosts(settings.host),
         cors_origins=settings.cors_origins,
@@ -240,21 +250,13 @@ def guard_settings(settings: Settings) -> GuardSettings:
     )
 
 
-def serve(settings: Settings) -> int:
-    console = Console(stderr=True)
-    store = build_store(settings)  # before the model: a bad --store fails fast
-    try:
-        keys = KeyRing(settings.api_key, settings.api_keys_file)
-    except OSError as exc:
-        raise SystemExit(f"respd: cannot read the API keys file: {exc}") from exc
-    if not keys.enabled and not is_loopback(settings.host):
-        log.warning(
-            "no API keys are configured and respd listens on %s: anyone who can reach it "
-            "can read and delete everything stored; set --api-key or --api-keys-file",
-            settings.host,
-        )
-    models = load_engines(settings, console)
-    app = create_app(
+def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: KeyRing) -> FastAPI:
+    from respd.api.app import create_app
+    from respd.api.quotas import QuotaSettings
+    from respd.service.limits import InputLimits
+    from respd.service.sealing import Sealer
+
+    return create_app(
         models,
         store,
         default_max_tokens=settings.max_output_tokens,
@@ -281,6 +283,23 @@ def serve(settings: Settings) -> int:
             else Sealer.from_data_dir(settings.data_dir.expanduser())
         ),
     )
+
+
+def serve(settings: Settings) -> int:
+    console = Console(stderr=True)
+    store = build_store(settings)  # before the model: a bad --store fails fast
+    try:
+        keys = KeyRing(settings.api_key, settings.api_keys_file)
+    except OSError as exc:
+        raise SystemExit(f"respd: cannot read the API keys file: {exc}") from exc
+    if not keys.enabled and not is_loopback(settings.host):
+        log.warning(
+            "no API keys are configured and respd listens on %s: anyone who can reach it "
+            "can read and delete everything stored; set --api-key or --api-keys-file",
+            settings.host,
+        )
+    models = load_engines(settings, console)
+    app = build_app(settings, models, store, keys)
     config = uvicorn.Config(
         app,
         host=settings.host,
