@@ -55,6 +55,12 @@ def clamp_to_spans(n: int, spans: Sequence[tuple[int, int]]) -> int:
     return n
 
 
+# A prefix is copied from another slot only when it saves at least one token of prefill
+# per this many cells copied (a copy moves every cell the source holds). On the 135M
+# default a prefilled token costs about as much as copying 35 cells; larger models
+# prefill relatively slower, so copies pay off sooner there.
+COPY_CELLS_PER_TOKEN = 32
+
 # Tokens a request may drop from the end of a slot's cache and still count as continuing
 # it: the previous turn's last token or two, which the rendered history can spell otherwise.
 CONTINUE_SLACK = 8
@@ -77,9 +83,10 @@ def place(
     replacing only the answer), the best-matching first; only when there is none does it
     overwrite another's cache, the least recently used.
     Either way it starts from the longest prefix any slot holds, copied in when that is
-    another slot's: a new conversation that shares only a system prompt with a slot
-    takes that prefix without destroying the slot's own history. Among equals, a
-    `prompt_cache_key` steers toward the slot that last served it.
+    another slot's and saves enough to pay for the copy: a new conversation that shares
+    only a system prompt with a slot takes that prefix without destroying the slot's own
+    history. Among equals, a `prompt_cache_key` steers toward the slot that last served
+    it.
     """
     free = [s for s in slots if s.free]
     if not free:
@@ -99,6 +106,7 @@ def place(
 
     target = max(free, key=rank)
     best_src = max(slots, key=lambda s: own[s.seq_id])
-    if own[best_src.seq_id] > own[target.seq_id] and best_src is not target:
+    gain = own[best_src.seq_id] - own[target.seq_id]
+    if gain > 0 and gain * COPY_CELLS_PER_TOKEN >= len(best_src.tokens):
         return Placement(target, own[best_src.seq_id], best_src)
     return Placement(target, own[target.seq_id], None)

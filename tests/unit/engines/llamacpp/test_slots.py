@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from respd.engines.llamacpp.slots import (
     CONTINUE_SLACK,
+    COPY_CELLS_PER_TOKEN,
     Slot,
     clamp_to_spans,
     common_prefix,
@@ -80,3 +81,15 @@ def test_a_reused_prefix_never_ends_inside_an_image_span() -> None:
     # An image that is the prompt's last span is reused whole when all of it matches.
     p = place([slot], [1, 2, -5, -6, -7, -8, 3, 4], spans=[(2, 4)])
     assert p is not None and p.reuse == 7
+
+
+def test_a_short_prefix_of_a_long_history_is_decoded_rather_than_copied() -> None:
+    system = [1, 2, 3, 4]
+    long = Slot(0, tokens=[*system, *range(100, 100 + 4 * COPY_CELLS_PER_TOKEN)])
+    empty = Slot(1)
+    p = place([long, empty], [*system, 50])
+    # Copying every cell of the long history would cost more than prefilling 4 tokens.
+    assert p is not None and p.slot is empty and p.copy_from is None and p.reuse == 0
+    short = Slot(0, tokens=[*system, *range(100, 100 + 3 * COPY_CELLS_PER_TOKEN)])
+    p = place([short, empty], [*system, 50])
+    assert p is not None and p.copy_from is short and p.reuse == len(system)
