@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import llama_cpp
 import pytest
 
 from respd.api.app import create_app
@@ -85,6 +86,51 @@ def test_a_failing_sampler_fails_only_its_request(
     # The worker is still serving.
     _, after = asyncio.run(_run(engine, SamplingParams(max_tokens=4, temperature=0)))
     assert after.finish_reason in ("stop", "length")
+
+
+def test_a_failed_decode_step_leaves_no_slot_claiming_a_cache(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = SamplingParams(max_tokens=6, temperature=0)
+    first, _ = asyncio.run(_run(engine, params))
+    held = [s for s in engine._slots if s.tokens]
+    assert held  # the finished request's slot keeps its tokens for the next one
+    real = llama_cpp.llama_decode
+    calls = {"n": 0}
+
+    def failing_once(ctx: Any, batch: Any) -> int:
+        calls["n"] += 1
+        return -1 if calls["n"] == 1 else int(real(ctx, batch))
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", failing_once)
+
+    async def other() -> GenerationDone:
+        prompt = await engine.prepare(PromptRequest([ChatMessage("user", "Name a colour.")]))
+        return (await collect(engine, prompt, params)).finished
+
+    failed = asyncio.run(other())
+    assert failed.finish_reason == "error" and "llama_decode" in (failed.error or "")
+    # The cache was cleared: a slot that kept its tokens would serve a prefix that is gone.
+    assert all(not s.tokens for s in engine._slots)
+    again, done = asyncio.run(_run(engine, params))
+    assert done.cached_tokens == 0 and again == first
+
+
+def test_a_batch_smaller_than_the_slots_still_steps_every_sequence() -> None:
+    eng = LlamaCppEngine(
+        embedded_model_path(), model_id=MODEL_ID, n_ctx=512, n_threads=2, parallel=4, n_batch=2
+    )
+    try:
+
+        async def main() -> list[GenerationDone]:
+            params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+            return [d for _, d in await asyncio.gather(*(_run(eng, params) for _ in range(4)))]
+
+        for done in asyncio.run(main()):
+            assert done.finish_reason == "length" and done.completion_tokens == 8
+        assert eng.stats().healthy
+    finally:
+        eng.close()
 
 
 def test_a_consumer_whose_loop_closed_does_not_stop_the_worker(engine: LlamaCppEngine) -> None:

@@ -263,7 +263,14 @@ class LlamaCppEngine:
         )
         self.context_window = n_ctx
         self.n_vocab: int | None = self._model.n_vocab()
-        self._n_batch = max(1, min(n_batch, n_ctx))
+        # Every generating sequence puts at least one token in each step's batch.
+        self._n_batch = max(parallel, min(n_batch, n_ctx))
+        if self._n_batch != n_batch:
+            log.info(
+                "batch size %d (a step holds a token of each of %d slots, within the context)",
+                self._n_batch,
+                parallel,
+            )
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx * parallel  # every sequence may use its full window
         cparams.n_batch = self._n_batch
@@ -558,8 +565,9 @@ class LlamaCppEngine:
                 for slot in self._slots:
                     if slot.job is not None:
                         self._finish(slot.job, "error", error=str(exc))
-                        slot.tokens = []
-                llama_cpp.llama_memory_clear(self._mem, True)
+                    slot.tokens = []  # the cache is cleared below: no slot holds a prefix
+                # Cells only: clearing the data too would make the whole buffer resident.
+                llama_cpp.llama_memory_clear(self._mem, False)
             # One hand-over per step: admissions, tokens and endings of every sequence.
             self._outbox.flush()
 
