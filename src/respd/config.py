@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from respd.api.guard import DEFAULT_MAX_REQUEST_BYTES
 from respd.service.limits import DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_TOOLS
-from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB
+from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB, DEFAULT_URL_CACHE_TTL_SECS
 from respd.service.media.parts import DEFAULT_IMAGE_INPUT_FALLBACK, ImageFallback
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS, DEFAULT_TTL_SECS
 
@@ -408,6 +408,12 @@ class Settings(BaseSettings):
     )
     remote_media_timeout_secs: float = Field(
         10.0, gt=0, description="Time limit for fetching one remote image or file."
+    )
+    media_url_cache_ttl_secs: float = Field(
+        DEFAULT_URL_CACHE_TTL_SECS,
+        ge=0,
+        description="Seconds an image or file fetched by URL is reused from the media cache "
+        "before it is fetched again (what a URL names can change). 0: fetched on every use.",
     )
     media_cache_mb: int = Field(
         DEFAULT_MEDIA_CACHE_MB,

@@ -235,6 +235,7 @@ def media_settings(settings: Settings) -> MediaSettings:
         allow_remote_media=settings.allow_remote_media,
         remote_media_timeout_secs=settings.remote_media_timeout_secs,
         cache_bytes=settings.media_cache_mb * 2**20,
+        url_cache_ttl_secs=settings.media_url_cache_ttl_secs,
         image_input_fallback=settings.image_input_fallback,
     )
 

@@ -9,13 +9,16 @@ recently used first out within a byte budget.
 Keys name the source, never a request path: a data URL by the SHA-256 of the URL, an http(s)
 URL by itself, a stored file by owner, id, creation time and size. A stored file is still
 looked up in the store on every use (a deleted or expired one stays a 404); only its decoded
-result comes from here, and deleting it drops its entries.
+result comes from here, and deleting it drops its entries. What a URL names can change
+behind it, so a URL's entry also expires (`--media-url-cache-ttl-secs`).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,6 +28,7 @@ if TYPE_CHECKING:  # the resolver imports this module
     from respd.service.media.resolver import Resolved
 
 DEFAULT_MEDIA_CACHE_MB = 64
+DEFAULT_URL_CACHE_TTL_SECS = 600.0
 
 Key = tuple[str | int, ...]
 FILE = "file"  # the first element of a stored file's key: (FILE, owner, file_id, ...)
@@ -53,15 +57,20 @@ class MediaCache:
 
     Used from the event loop only, so it takes no lock."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_bytes = max(0, max_bytes)
-        self._entries: OrderedDict[Key, tuple[Resolved, int]] = OrderedDict()
+        self.clock = clock
+        # key -> (value, bytes, expiry on `clock` or None for none)
+        self._entries: OrderedDict[Key, tuple[Resolved, int, float | None]] = OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
 
     def get(self, key: Key) -> Resolved | None:
         found = self._entries.get(key)
+        if found is not None and found[2] is not None and self.clock() >= found[2]:
+            self._drop(key)
+            found = None
         if found is None:
             self.misses += 1
             return None
@@ -69,14 +78,14 @@ class MediaCache:
         self.hits += 1
         return found[0]
 
-    def put(self, key: Key, value: Resolved) -> None:
-        """Keep `value`, evicting the least recently used; one larger than the whole budget
-        is not kept."""
+    def put(self, key: Key, value: Resolved, ttl: float | None = None) -> None:
+        """Keep `value` (for `ttl` seconds when given), evicting the least recently used;
+        one larger than the whole budget, or with no time to live, is not kept."""
         size = entry_bytes(value)
-        if size > self.max_bytes:
+        if size > self.max_bytes or (ttl is not None and ttl <= 0):
             return
         self._drop(key)
-        self._entries[key] = (value, size)
+        self._entries[key] = (value, size, None if ttl is None else self.clock() + ttl)
         self._bytes += size
         while self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))

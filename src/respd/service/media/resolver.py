@@ -34,7 +34,13 @@ import httpx
 from respd.engines.base import Image
 from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 from respd.service.files import file_not_found
-from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB, FILE, Key, MediaCache
+from respd.service.media.cache import (
+    DEFAULT_MEDIA_CACHE_MB,
+    DEFAULT_URL_CACHE_TTL_SECS,
+    FILE,
+    Key,
+    MediaCache,
+)
 from respd.service.media.parts import (
     DEFAULT_IMAGE_INPUT_FALLBACK,
     FILE_PARTS,
@@ -188,6 +194,7 @@ class MediaSettings:
     allow_remote_media: bool = False
     remote_media_timeout_secs: float = 10.0
     cache_bytes: int = DEFAULT_MEDIA_CACHE_MB * MIB  # resolved media kept by source; 0: none
+    url_cache_ttl_secs: float = DEFAULT_URL_CACHE_TTL_SECS  # how long a URL's entry holds
     image_input_fallback: ImageFallback = DEFAULT_IMAGE_INPUT_FALLBACK
 
 
@@ -604,12 +611,14 @@ class MediaResolver:
                 found[p] = await self.document(part, p, owner)
 
     async def _cached(self, key: Key, kind: type[R], resolve: Callable[[], Awaitable[R]]) -> R:
-        """What `key` resolved to before, else `resolve()` (kept when it succeeds)."""
+        """What `key` resolved to before, else `resolve()` (kept when it succeeds; a URL's
+        result only for `url_cache_ttl_secs`)."""
         hit = self.cache.get(key)
         if isinstance(hit, kind):
             return hit
         value = await resolve()
-        self.cache.put(key, value)
+        ttl = self.settings.url_cache_ttl_secs if key[0] == "url" else None
+        self.cache.put(key, value, ttl)
         return value
 
     async def _data_key(self, what: str, url: str, *rest: str) -> Key:

@@ -223,6 +223,59 @@ def test_remote_images_are_fetched_once(monkeypatch: pytest.MonkeyPatch) -> None
     assert resolver.cache.stats().hits == 2
 
 
+def test_a_remote_url_is_fetched_again_once_its_entry_expires(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fetched: list[str] = []
+    colours = iter(["red", "blue"])  # what the URL serves changes between fetches
+
+    async def fetch_remote(url: str, param: str, **_: Any) -> tuple[bytes, str, str]:
+        fetched.append(url)
+        return png(next(colours)), "image/png", url
+
+    monkeypatch.setattr(resolver_module, "fetch_remote", fetch_remote)
+    resolver = MediaResolver(
+        MemoryStore(), MediaSettings(allow_remote_media=True, url_cache_ttl_secs=60)
+    )
+    now = [1000.0]
+    resolver.cache.clock = lambda: now[0]
+    url = "https://example.com/today.png"
+    items = [user({"type": "input_image", "image_url": url})]
+
+    async def image() -> bytes:
+        resolved = (await resolver.resolve_items(items, "owner"))["input[0].content[0]"]
+        assert isinstance(resolved, Image)
+        return resolved.data
+
+    assert asyncio.run(image()) == png("red")
+    now[0] += 59
+    assert asyncio.run(image()) == png("red")  # still fresh
+    now[0] += 1
+    assert asyncio.run(image()) == png("blue")  # expired: fetched again
+    assert fetched == [url, url]
+    # Stored files and data URLs do not expire.
+    resolver.cache.put(("data", "x"), Image(b"x"))
+    now[0] += 10**6
+    assert resolver.cache.get(("data", "x")) is not None
+
+
+def test_a_zero_url_ttl_fetches_on_every_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    fetched: list[str] = []
+
+    async def fetch_remote(url: str, param: str, **_: Any) -> tuple[bytes, str, str]:
+        fetched.append(url)
+        return png(), "image/png", url
+
+    monkeypatch.setattr(resolver_module, "fetch_remote", fetch_remote)
+    resolver = MediaResolver(
+        MemoryStore(), MediaSettings(allow_remote_media=True, url_cache_ttl_secs=0)
+    )
+    items = [user({"type": "input_image", "image_url": "https://example.com/red.png"})]
+    for _ in range(2):
+        asyncio.run(resolver.resolve_items(items, "owner"))
+    assert len(fetched) == 2 and resolver.cache.stats().entries == 0
+
+
 def test_a_cached_remote_url_is_refused_when_fetching_is_off() -> None:
     url = "https://example.com/red.png"
     resolver = MediaResolver(MemoryStore())
