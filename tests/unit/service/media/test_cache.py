@@ -203,15 +203,24 @@ def test_a_file_id_names_only_the_bytes_that_were_decoded() -> None:
     assert resolver.cache.stats().hits == 0
 
 
-def test_remote_images_are_fetched_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def remote_resolver(
+    monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> tuple[MediaResolver, list[str]]:
+    """A resolver with remote media allowed and its fetches recorded: a URL serves a red
+    image, then a blue one (what a URL names can change), then a green one."""
     fetched: list[str] = []
 
     async def fetch_remote(url: str, param: str, **_: Any) -> tuple[bytes, str, str]:
         fetched.append(url)
-        return png(), "image/png", url
+        return png(["red", "blue", "green"][min(len(fetched), 3) - 1]), "image/png", url
 
     monkeypatch.setattr(resolver_module, "fetch_remote", fetch_remote)
-    resolver = MediaResolver(MemoryStore(), MediaSettings(allow_remote_media=True))
+    resolver = MediaResolver(MemoryStore(), MediaSettings(allow_remote_media=True, **settings))
+    return resolver, fetched
+
+
+def test_remote_images_are_fetched_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolver, fetched = remote_resolver(monkeypatch)
     items = [user({"type": "input_image", "image_url": "https://example.com/red.png"})]
 
     async def go() -> None:
@@ -226,17 +235,7 @@ def test_remote_images_are_fetched_once(monkeypatch: pytest.MonkeyPatch) -> None
 def test_a_remote_url_is_fetched_again_once_its_entry_expires(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    fetched: list[str] = []
-    colours = iter(["red", "blue"])  # what the URL serves changes between fetches
-
-    async def fetch_remote(url: str, param: str, **_: Any) -> tuple[bytes, str, str]:
-        fetched.append(url)
-        return png(next(colours)), "image/png", url
-
-    monkeypatch.setattr(resolver_module, "fetch_remote", fetch_remote)
-    resolver = MediaResolver(
-        MemoryStore(), MediaSettings(allow_remote_media=True, url_cache_ttl_secs=60)
-    )
+    resolver, fetched = remote_resolver(monkeypatch, url_cache_ttl_secs=60)
     now = [1000.0]
     resolver.cache.clock = lambda: now[0]
     url = "https://example.com/today.png"
@@ -260,16 +259,7 @@ def test_a_remote_url_is_fetched_again_once_its_entry_expires(
 
 
 def test_a_zero_url_ttl_fetches_on_every_use(monkeypatch: pytest.MonkeyPatch) -> None:
-    fetched: list[str] = []
-
-    async def fetch_remote(url: str, param: str, **_: Any) -> tuple[bytes, str, str]:
-        fetched.append(url)
-        return png(), "image/png", url
-
-    monkeypatch.setattr(resolver_module, "fetch_remote", fetch_remote)
-    resolver = MediaResolver(
-        MemoryStore(), MediaSettings(allow_remote_media=True, url_cache_ttl_secs=0)
-    )
+    resolver, fetched = remote_resolver(monkeypatch, url_cache_ttl_secs=0)
     items = [user({"type": "input_image", "image_url": "https://example.com/red.png"})]
     for _ in range(2):
         asyncio.run(resolver.resolve_items(items, "owner"))
