@@ -16,6 +16,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from respd.api.guard import DEFAULT_MAX_REQUEST_BYTES
+from respd.engines import defaults as engine_defaults
+from respd.engines.defaults import ImageEncode
 from respd.service.limits import DEFAULT_MAX_INPUT_CHARS, DEFAULT_MAX_INPUT_ITEMS, DEFAULT_MAX_TOOLS
 from respd.service.media.cache import DEFAULT_MEDIA_CACHE_MB, DEFAULT_URL_CACHE_TTL_SECS
 from respd.service.media.parts import DEFAULT_IMAGE_INPUT_FALLBACK, ImageFallback
@@ -171,8 +173,8 @@ class Settings(BaseSettings):
         "mtmd loads it, e.g. mmproj-*.gguf): requests may then send images "
         "(input_image / image_url).",
     )
-    image_encode: Literal["background", "inline"] = Field(
-        "background",
+    image_encode: ImageEncode = Field(
+        engine_defaults.IMAGE_ENCODE,
         description="Where --mmproj images are encoded (the vision encoder's forward pass, "
         "seconds for a large image on a big projector). background: on a thread of their "
         "own while the other requests keep generating; decoding gives up --image-threads of "
@@ -180,7 +182,7 @@ class Settings(BaseSettings):
         "holding every other request up for as long.",
     )
     image_threads: int = Field(
-        1,
+        engine_defaults.IMAGE_THREADS,
         ge=1,
         description="--image-encode background: CPU threads encoding images. More encodes an "
         "image sooner but leaves generation fewer cores while it runs.",
@@ -191,7 +193,7 @@ class Settings(BaseSettings):
         "name (e.g. smollm2-135m-instruct).",
     )
     ctx_size: int = Field(
-        4096,
+        engine_defaults.CTX_SIZE,
         ge=64,
         description="Context window of each request in tokens (the KV cache holds "
         "ctx-size tokens for each of the --parallel slots).",
@@ -201,12 +203,19 @@ class Settings(BaseSettings):
         ge=1,
         description="CPU threads for generation. Default: all cores.",
     )
-    batch_size: int = Field(512, ge=1, description="Prompt tokens evaluated per decode call.")
+    batch_size: int = Field(
+        engine_defaults.BATCH_SIZE, ge=1, description="Prompt tokens evaluated per decode call."
+    )
     parallel: int = Field(
-        4, ge=1, le=64, description="Sequences decoded together in one batch (slots)."
+        engine_defaults.PARALLEL,
+        ge=1,
+        le=64,
+        description="Sequences decoded together in one batch (slots).",
     )
     max_queue: int = Field(
-        64, ge=0, description="Requests that may wait for a free slot; beyond it: 503."
+        engine_defaults.MAX_QUEUE,
+        ge=0,
+        description="Requests that may wait for a free slot; beyond it: 503.",
     )
     kv_cache_ram_mb: int = Field(
         256,

@@ -36,12 +36,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals as internals
 from llama_cpp._logger import set_verbose as set_llama_verbose
 
+from respd.engines import defaults
 from respd.engines.base import (
     Admitted,
     ChatMessage,
@@ -59,6 +60,7 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import ConstraintError
+from respd.engines.defaults import ImageEncode
 from respd.engines.families.profile import MEDIA_MARKER, detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
 from respd.engines.llamacpp.kvtier import MIN_SAVE_TOKENS, KVTier, TierMatch, model_identity
@@ -223,11 +225,11 @@ class LlamaCppEngine:
         model_path: Path,
         *,
         model_id: str,
-        n_ctx: int = 4096,
+        n_ctx: int = defaults.CTX_SIZE,
         n_threads: int = 2,
-        n_batch: int = 512,
-        parallel: int = 4,
-        max_queue: int = 64,
+        n_batch: int = defaults.BATCH_SIZE,
+        parallel: int = defaults.PARALLEL,
+        max_queue: int = defaults.MAX_QUEUE,
         chat_template: str | None = None,
         repack: bool | None = None,
         mmproj: Path | None = None,
@@ -236,8 +238,8 @@ class LlamaCppEngine:
         kv_cache_ram_bytes: int = 0,
         kv_cache_dir: Path | None = None,
         kv_cache_disk_bytes: int = 0,
-        image_encode: Literal["background", "inline"] = "background",
-        image_threads: int = 1,
+        image_encode: ImageEncode = defaults.IMAGE_ENCODE,
+        image_threads: int = defaults.IMAGE_THREADS,
     ) -> None:
         """`sampling`: defaults for requests that set none, over the GGUF's own.
         `speculation`: draft tokens by prompt lookup (None: decode one token at a time).

@@ -1,0 +1,16 @@
+"""Defaults of the in-process llama.cpp engine, shared by its constructor and by
+`respd serve`'s flags: a module of its own, so that reading the flags does not load
+llama.cpp."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ImageEncode = Literal["background", "inline"]
+
+CTX_SIZE = 4096  # tokens of context per sequence
+BATCH_SIZE = 512  # tokens per decode call
+PARALLEL = 4  # sequences decoded together (slots)
+MAX_QUEUE = 64  # requests waiting for a slot
+IMAGE_ENCODE: ImageEncode = "background"
+IMAGE_THREADS = 1  # threads encoding images in the background
