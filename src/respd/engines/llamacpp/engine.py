@@ -292,10 +292,9 @@ class LlamaCppEngine:
         except OSError:
             self._model.close()
             raise
-        released: dict[str, int] = {}
-        with released_zero_pages(released):
+        with released_zero_pages() as released:
             self._ctx = internals.LlamaContext(model=self._model, params=cparams, verbose=False)
-        log.info("released %.0f MiB of zeroed KV cache pages", released["released"] / 2**20)
+        log.info("released %.0f MiB of zeroed KV cache pages", released["bytes"] / 2**20)
         self._mem = llama_cpp.llama_get_memory(self._ctx.ctx)
         self._batch = llama_cpp.llama_batch_init(self._n_batch, 0, 1)
         self._vocab = self._model.vocab

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4
 # Only a new mapping at least this large is looked at: smaller ones are interpreter arenas
@@ -55,7 +52,7 @@ def _libc() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     name = ctypes.util.find_library("c")
-    return ctypes.CDLL(name, use_errno=True) if name else None
+    return ctypes.CDLL(name) if name else None
 
 
 def release_zeroed(start: int, end: int, libc: ctypes.CDLL) -> int:
@@ -74,19 +71,19 @@ def release_zeroed(start: int, end: int, libc: ctypes.CDLL) -> int:
 
 
 @contextmanager
-def released_zero_pages(stats: dict[str, int]) -> Iterator[None]:
+def released_zero_pages() -> Iterator[dict[str, int]]:
     """Around the creation of a llama.cpp context: afterwards, release the all-zero pages
-    of every large private anonymous mapping it created; `stats["released"]` gets the
-    bytes handed back."""
+    of every large private anonymous mapping it created. Yields a dict whose "bytes" is
+    then what was handed back."""
     libc = _libc()
     before = _read_maps() if libc is not None else set()
-    yield
-    stats["released"] = 0
+    released = {"bytes": 0}
+    yield released
     if libc is None:
         return
     for start, end in new_ranges(before, _read_maps()):
         if end - start >= MIN_MAPPING_BYTES:
-            stats["released"] += release_zeroed(start, end, libc)
+            released["bytes"] += release_zeroed(start, end, libc)
 
 
 def new_ranges(before: set[Mapping], after: set[Mapping]) -> list[Mapping]:

@@ -64,8 +64,7 @@ def build_sampling(
             code="invalid_value",
         )
     bias = {int(token): float(value) for token, value in (logit_bias or {}).items()}
-    outside = [t for t in bias if n_vocab is not None and t >= n_vocab]
-    if outside and n_vocab is not None:
+    if n_vocab is not None and (outside := [t for t in bias if t >= n_vocab]):
         raise InvalidRequest(
             f"Invalid 'logit_bias': token id {min(outside)} is not in this model's vocabulary "
             f"(ids 0 to {n_vocab - 1}).",

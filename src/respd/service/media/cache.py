@@ -32,6 +32,7 @@ DEFAULT_URL_CACHE_TTL_SECS = 600.0
 
 Key = tuple[str | int, ...]
 FILE = "file"  # the first element of a stored file's key: (FILE, owner, file_id, ...)
+URL = "url"  # the first element of an http(s) URL's key: (URL, kind, url, ...)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from respd.service.media.cache import (
     DEFAULT_MEDIA_CACHE_MB,
     DEFAULT_URL_CACHE_TTL_SECS,
     FILE,
+    URL,
     Key,
     MediaCache,
 )
@@ -617,7 +618,7 @@ class MediaResolver:
         if isinstance(hit, kind):
             return hit
         value = await resolve()
-        ttl = self.settings.url_cache_ttl_secs if key[0] == "url" else None
+        ttl = self.settings.url_cache_ttl_secs if key[0] == URL else None
         self.cache.put(key, value, ttl)
         return value
 
@@ -676,7 +677,7 @@ class MediaResolver:
                 data, declared, _ = await self._fetch(url, param, limit=limit, what="image")
                 return await asyncio.to_thread(check_image, data, declared, param, self.settings)
 
-            return await self._cached(("url", "image", url), Image, fetch)
+            return await self._cached((URL, "image", url), Image, fetch)
         raise _bad(
             f"Invalid '{param}': expected a data URL (data:image/png;base64,...) or an "
             "http(s) URL.",
@@ -765,7 +766,7 @@ class MediaResolver:
             title = name or _name_from_url(final)
             return await asyncio.to_thread(document_text, data, mime, title, param)
 
-        return await self._cached(("url", "document", value, name or ""), FileText, fetch)
+        return await self._cached((URL, "document", value, name or ""), FileText, fetch)
 
     # Stored files (owner-scoped). The record is read on every use, cached or not, so a
     # deleted, expired or someone else's file stays a 404.
