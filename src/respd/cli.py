@@ -7,6 +7,7 @@ import sys
 from typing import Any, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from respd import __version__
 from respd.config import Settings
@@ -24,39 +25,44 @@ def _flag_type(annotation: Any) -> Any:
 
 
 def _add_settings_flags(parser: argparse.ArgumentParser) -> None:
-    for name, field in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        env = "RESPD_" + name.upper()
-        if field.default_factory is list:
-            default_text = "none"
-        elif field.default_factory is not None:
-            default_text = "computed"
-        else:
-            default_text = repr(field.default) if field.default is not None else "none"
-        choices = None
-        literal_args = [a for a in get_args(field.annotation) if isinstance(a, str)]
-        if literal_args:
-            choices = literal_args
-        help_text = f"{field.description} [env: {env}] [default: {default_text}]"
-        if get_origin(field.annotation) is list:
-            # Repeatable; each value may also be comma-separated.
-            parser.add_argument(
-                flag, dest=name, action="append", default=None, metavar=name.upper(), help=help_text
-            )
-            continue
-        if field.annotation is bool:
-            # `--flag` alone switches it on; `--flag false` (or true) is explicit.
-            parser.add_argument(
-                flag,
-                dest=name,
-                nargs="?",
-                const="true",
-                default=None,
-                metavar="BOOL",
-                help=help_text,
-            )
-            continue
-        parser.add_argument(
+    """One flag per settings field, listed under the title of the concern it belongs to."""
+    for concern in Settings.concerns():
+        group = parser.add_argument_group(concern.model_config.get("title"))
+        for name, field in concern.model_fields.items():
+            _add_flag(group, name, field)
+
+
+def _default_text(field: FieldInfo) -> str:
+    if field.default_factory is list:
+        return "none"
+    if field.default_factory is not None:
+        return "computed"
+    return repr(field.default) if field.default is not None else "none"
+
+
+def _add_flag(group: argparse._ArgumentGroup, name: str, field: FieldInfo) -> None:
+    flag = "--" + name.replace("_", "-")
+    env = "RESPD_" + name.upper()
+    help_text = f"{field.description} [env: {env}] [default: {_default_text(field)}]"
+    if get_origin(field.annotation) is list:
+        # Repeatable; each value may also be comma-separated.
+        group.add_argument(
+            flag, dest=name, action="append", default=None, metavar=name.upper(), help=help_text
+        )
+    elif field.annotation is bool:
+        # `--flag` alone switches it on; `--flag false` (or true) is explicit.
+        group.add_argument(
+            flag,
+            dest=name,
+            nargs="?",
+            const="true",
+            default=None,
+            metavar="BOOL",
+            help=help_text,
+        )
+    else:
+        choices = [a for a in get_args(field.annotation) if isinstance(a, str)] or None
+        group.add_argument(
             flag,
             dest=name,
             type=_flag_type(field.annotation),
@@ -74,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"respd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser(
+    _add_serve_parser(sub)
+    return parser
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction[Any]) -> argparse.ArgumentParser:
+    serve: argparse.ArgumentParser = sub.add_parser(
         "serve",
         help="load a model and serve the HTTP API",
         description="Load a GGUF model and serve /v1/responses, /v1/chat/completions and "
@@ -82,7 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
         "over its env var.",
     )
     _add_settings_flags(serve)
-    return parser
+    return serve
+
+
+def serve_help() -> str:
+    """Exactly what `respd serve --help` prints, wrapped as argparse wraps it: to the
+    terminal's width, or to `$COLUMNS` where that is set."""
+    sub = argparse.ArgumentParser(prog="respd").add_subparsers()
+    return _add_serve_parser(sub).format_help()
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -102,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             settings = settings_from_args(args)
         except ValidationError as exc:
             parser.error(str(exc))
-        configure_logging(settings)
+        configure_logging(settings.log_settings())
         from respd.server import serve  # deferred: keeps `--help` fast and model-free
 
         sys.exit(serve(settings))

@@ -14,11 +14,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from respd.config import Settings
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+LogFormat = Literal["text", "json"]
 
 NONE = "-"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s %(key)s]: %(message)s"
@@ -26,6 +27,15 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s %(key)s]: %(me
 _request_id: ContextVar[str] = ContextVar("respd_request_id", default=NONE)
 _identity: ContextVar[str] = ContextVar("respd_log_identity", default=NONE)
 _log_prompts = False
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """How the process logs (`--log-level`, `--log-format`, `--log-prompts`)."""
+
+    level: LogLevel = "info"
+    format: LogFormat = "text"
+    prompts: bool = False  # whether user text may be logged
 
 
 @contextmanager
@@ -97,19 +107,19 @@ def _formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
 
-def configure_logging(settings: Settings) -> None:
+def configure_logging(settings: LogSettings) -> None:
     """Route every log record to stderr in the chosen format, with the request context."""
-    set_prompts_logged(settings.log_prompts)
+    set_prompts_logged(settings.prompts)
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(ContextFilter())
-    handler.setFormatter(_formatter(settings.log_format))
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
+    handler.setFormatter(_formatter(settings.format))
+    logging.basicConfig(level=settings.level.upper(), handlers=[handler], force=True)
 
 
-def uvicorn_log_config(settings: Settings) -> dict[str, Any]:
+def uvicorn_log_config(settings: LogSettings) -> dict[str, Any]:
     """uvicorn's own logging (`uvicorn.Config(log_config=...)`) in the same format and with
     the same context. Text keeps uvicorn's look (the access line's `200 OK` included)."""
-    if settings.log_format == "json":
+    if settings.format == "json":
         formatters: dict[str, Any] = {
             "default": {"()": JsonFormatter},
             "access": {"()": JsonFormatter},

@@ -20,14 +20,12 @@ from respd.api.identity import KeyRing
 from respd.config import Settings
 from respd.engines.base import Engine
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
-from respd.engines.llamacpp.speculation import NgramSpeculation
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
 from respd.service.models import ModelRegistry
-from respd.store import Limits, Store, StoreConfigError, open_store, redacted
-from respd.store.memory import file_limits
+from respd.store import Store, StoreConfigError
 
 # The web stack (FastAPI, pydantic models, the openai SDK's types: some 40 MiB) is imported
 # only once the model is loaded. llama.cpp clears its whole KV buffer when it creates the
@@ -37,7 +35,6 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from respd.api.guard import GuardSettings
-    from respd.service.media.resolver import MediaSettings
 
 log = logging.getLogger(__name__)
 
@@ -175,13 +172,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
                 sampling=settings.sampling_overrides(),
-                speculation=NgramSpeculation(
-                    settings.speculation_draft_max,
-                    settings.speculation_ngram_min,
-                    settings.speculation_ngram_max,
-                )
-                if settings.speculation == "ngram"
-                else None,
+                speculation=settings.speculation_settings(),
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
                 kv_cache_dir=kv_dir,
                 kv_cache_disk_bytes=settings.kv_cache_disk_mb * 2**20,
@@ -205,42 +196,14 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
 
 def build_store(settings: Settings) -> Store:
     try:
-        return open_store(
-            settings.store,
-            settings.data_dir.expanduser(),
-            responses=Limits(
-                settings.responses_store_max_entries,
-                settings.responses_store_max_bytes,
-                settings.responses_store_ttl_secs,
-            ),
-            conversations=Limits(
-                settings.conversation_store_max_entries,
-                settings.conversation_store_max_bytes,
-                settings.conversation_store_ttl_secs,
-            ),
-            files=file_limits(settings.files_store_max_bytes),
-        )
+        return settings.open_store()
     except StoreConfigError as exc:
         raise SystemExit(f"respd: {exc}") from exc
 
 
-def media_settings(settings: Settings) -> MediaSettings:
-    from respd.service.media.resolver import MediaSettings
-
-    return MediaSettings(
-        max_image_bytes=settings.max_image_bytes,
-        max_image_pixels=settings.max_image_pixels,
-        max_image_side=settings.max_image_side,
-        max_input_file_bytes=settings.max_input_file_bytes,
-        allow_remote_media=settings.allow_remote_media,
-        remote_media_timeout_secs=settings.remote_media_timeout_secs,
-        cache_bytes=settings.media_cache_mb * 2**20,
-        url_cache_ttl_secs=settings.media_url_cache_ttl_secs,
-        image_input_fallback=settings.image_input_fallback,
-    )
-
-
 def guard_settings(settings: Settings) -> GuardSettings:
+    """The request guard's settings: the API layer's own type, so built here, not by the
+    settings themselves."""
     from respd.api.guard import GuardSettings
 
     return GuardSettings(
@@ -253,36 +216,22 @@ def guard_settings(settings: Settings) -> GuardSettings:
 
 def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: KeyRing) -> FastAPI:
     from respd.api.app import create_app
-    from respd.api.quotas import QuotaSettings
-    from respd.service.limits import InputLimits
-    from respd.service.sealing import Sealer
 
     return create_app(
         models,
         store,
         default_max_tokens=settings.max_output_tokens,
         sse_keepalive=settings.sse_keepalive_secs,
-        media=media_settings(settings),
+        media=settings.media_settings(),
         max_file_bytes=settings.max_file_bytes,
         job_lease_secs=settings.job_lease_secs,
         purge_interval_secs=settings.store_purge_interval_secs,
         metrics_api_key=settings.metrics_api_key,
         keys=keys,
         guard=guard_settings(settings),
-        input_limits=InputLimits(
-            settings.max_input_items,
-            settings.max_input_chars,
-            settings.max_tools,
-            settings.max_output_tokens_limit,
-        ),
-        quotas=QuotaSettings(
-            settings.rate_limit_rpm, settings.rate_limit_tpm, settings.max_streams_per_key
-        ),
-        sealer=(
-            Sealer.from_secret(settings.state_key)
-            if settings.state_key
-            else Sealer.from_data_dir(settings.data_dir.expanduser())
-        ),
+        input_limits=settings.input_limits(),
+        quotas=settings.quota_settings(),
+        sealer=settings.sealer(),
     )
 
 
@@ -306,7 +255,7 @@ def serve(settings: Settings) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        log_config=uvicorn_log_config(settings),
+        log_config=uvicorn_log_config(settings.log_settings()),
         # Generations were drained already (`DrainingServer`); this bounds the rest.
         timeout_graceful_shutdown=CONNECTIONS_GRACE_SECS,
         # uvicorn's h11 protocol, closing connections that stall before a request head.
@@ -317,11 +266,7 @@ def serve(settings: Settings) -> int:
         config, app.state.runs, settings.shutdown_grace_secs, on_hangup=keys.reload
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    if settings.store == "memory" or settings.store.startswith(("postgres:", "postgresql:")):
-        where = redacted(settings.store)
-    else:
-        where = f"{settings.store} in {settings.data_dir}"
-    console.print(f"Store: {where}")
+    console.print(f"Store: {settings.store_location()}")
     ids = ", ".join(e.model_id for e in models)
     console.print(f"respd serving [bold]{ids}[/] at http://{host}:{settings.port}/v1")
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,14 +11,18 @@ import httpx
 import pytest
 
 from respd import __version__
-from respd.cli import build_parser, settings_from_args
+from respd.cli import build_parser, serve_help, settings_from_args
 from respd.config import Settings, alias_from_path, embedded_model_path
 from tests.servers import start_server
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "respd", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "respd", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
     )
 
 
@@ -34,6 +39,15 @@ def test_serve_help_documents_every_flag_and_env_var() -> None:
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
         assert "RESPD_" + name.upper() in text
+
+
+def test_serve_help_is_what_the_command_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    out = _run("serve", "--help", env=dict(os.environ))
+    assert out.returncode == 0
+    assert out.stdout == serve_help()
+    for concern in Settings.concerns():  # the flags stand under their concern's title
+        assert f"\n{concern.model_config.get('title')}:\n" in out.stdout
 
 
 def test_flags_override_env_and_env_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,7 +38,29 @@ def test_media_flags_read_their_env_vars(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_media_flags_reach_the_media_settings() -> None:
-    from respd.server import media_settings
-
-    media = media_settings(Settings(image_input_fallback="placeholder", media_cache_mb=3))
+    media = Settings(image_input_fallback="placeholder", media_cache_mb=3).media_settings()
     assert media.image_input_fallback == "placeholder" and media.cache_bytes == 3 * 2**20
+
+
+def test_every_flag_belongs_to_one_concern() -> None:
+    names = [name for concern in Settings.concerns() for name in concern.model_fields]
+    assert sorted(names) == sorted(Settings.model_fields)
+    assert all(concern.model_config.get("title") for concern in Settings.concerns())
+
+
+def test_each_component_gets_its_own_settings() -> None:
+    settings = Settings(
+        max_input_items=7,
+        rate_limit_rpm=5,
+        log_format="json",
+        log_prompts=True,
+        speculation="ngram",
+        speculation_draft_max=3,
+    )
+    assert settings.input_limits().max_items == 7
+    assert settings.quota_settings().requests_per_minute == 5
+    log = settings.log_settings()
+    assert (log.level, log.format, log.prompts) == ("info", "json", True)
+    speculation = settings.speculation_settings()
+    assert speculation is not None and speculation.draft_max == 3
+    assert Settings().speculation_settings() is None

@@ -11,12 +11,12 @@ import httpx
 import pytest
 import uvicorn.logging
 
-from respd.config import Settings
 from respd.engines.fake import FakeEngine, Reply
 from respd.logs import (
     TEXT_FORMAT,
     ContextFilter,
     JsonFormatter,
+    LogSettings,
     configure_logging,
     current_request_id,
     request_context,
@@ -131,7 +131,7 @@ def test_configure_logging_json(capsys: pytest.CaptureFixture[str]) -> None:
     root = logging.getLogger()
     saved = (root.handlers[:], root.level)
     try:
-        configure_logging(Settings(log_format="json", log_level="debug"))
+        configure_logging(LogSettings(level="debug", format="json"))
         with request_context("req_cfg"):
             logging.getLogger("respd.x").debug("hello %s", "there")
     finally:
@@ -159,7 +159,7 @@ def test_uvicorn_access_lines() -> None:
     assert line["request_id"] == "req_acc"
     assert line["status"] == 500 and line["path"] == "/v1/responses"
 
-    config = uvicorn_log_config(Settings())
+    config = uvicorn_log_config(LogSettings())
     fmt = config["formatters"]["access"]["fmt"]
     text = uvicorn.logging.AccessFormatter(fmt, use_colors=False).format(record)
     # The status keeps uvicorn's phrase: log checks look for `" 500 `.

@@ -19,11 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from respd.api.encoding import decode_body, encodings
 from respd.api.errors import refuse, send_error
 from respd.protocol.errors import APIError
+from respd.service.limits import DEFAULT_MAX_REQUEST_BYTES
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 # Routes whose body is multipart (uploads); every other body is JSON.
 UPLOAD_PATHS = frozenset({"/v1/files"})
-DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20
 # An upload's multipart framing around the file itself.
 MULTIPART_OVERHEAD = 1 << 20
 

@@ -14,6 +14,7 @@ from respd.protocol.errors import InvalidRequest
 DEFAULT_MAX_INPUT_ITEMS = 4096
 DEFAULT_MAX_INPUT_CHARS = 4_000_000
 DEFAULT_MAX_TOOLS = 128
+DEFAULT_MAX_REQUEST_BYTES = 64 * 2**20  # a JSON body, checked by the API's request guard
 # Strings under these keys are media (base64 or URLs), bounded by the media limits instead.
 _MEDIA_KEYS = frozenset({"image_url", "file_data", "file_url", "url", "data"})
 

