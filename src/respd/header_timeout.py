@@ -47,7 +47,7 @@ class HeaderTimeoutProtocol(H11Protocol):
     """`H11Protocol` that closes a connection whose request head is not complete in time;
     subclass it with `header_timeout_protocol` to set the deadline."""
 
-    header_timeout: float = 10.0
+    header_timeout: float  # seconds; set by `header_timeout_protocol`
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head = _HeadTimer()
@@ -83,7 +83,7 @@ if HttpToolsProtocol is not None:
         in time: armed when the connection opens and when a request's first byte is
         parsed, disarmed when its headers are complete."""
 
-        header_timeout: float = 10.0
+        header_timeout: float  # seconds; set by `header_timeout_protocol`
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._head = _HeadTimer()
