@@ -171,7 +171,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 chat_template=template,
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
-                sampling=settings.sampling_overrides(),
+                sampling=settings.sampling_overrides(embedded_model=settings.model is None),
                 speculation=settings.speculation_settings(),
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
                 kv_cache_dir=kv_dir,

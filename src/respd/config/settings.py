@@ -19,6 +19,7 @@ from respd.config.keys import KeysConfig
 from respd.config.limits import LimitsConfig
 from respd.config.log import LogConfig
 from respd.config.media import MediaConfig
+from respd.config.sampling import SamplingConfig
 from respd.config.store import StoreConfig
 from respd.config.upstream import UpstreamConfig
 
@@ -31,6 +32,7 @@ class Settings(
     KeysConfig,
     LimitsConfig,
     EngineConfig,
+    SamplingConfig,
     UpstreamConfig,
     MediaConfig,
     StoreConfig,
