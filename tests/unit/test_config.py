@@ -48,6 +48,30 @@ def test_every_flag_belongs_to_one_concern() -> None:
     assert all(concern.model_config.get("title") for concern in Settings.concerns())
 
 
+def test_concerns_share_no_names() -> None:
+    """`Settings` inherits every concern: a name two of them define (a validator too) would
+    hide one of them."""
+    seen: dict[str, str] = {}
+    for concern in Settings.concerns():
+        validators = concern.__pydantic_decorators__
+        methods = [n for n in vars(concern) if not n.startswith("_") and n != "model_config"]
+        for name in [*validators.field_validators, *validators.model_validators, *methods]:
+            assert name not in seen, f"{concern.__name__} and {seen[name]} both define {name}"
+            seen[name] = concern.__name__
+
+
+def test_list_flags_split_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESPD_API_KEY", "k1, k2")
+    monkeypatch.setenv("RESPD_ALLOWED_HOSTS", "h1,h2")
+    monkeypatch.setenv("RESPD_UPSTREAM", "a=http://x/v1,model=m; b=http://y/v1")
+    settings = Settings(cors_origins=["https://o1,https://o2", "https://o3"])
+    assert settings.api_key == ["k1", "k2"]
+    assert settings.allowed_hosts == ["h1", "h2"]
+    assert settings.cors_origins == ["https://o1", "https://o2", "https://o3"]
+    assert settings.upstream == ["a=http://x/v1,model=m", "b=http://y/v1"]
+    assert Settings(api_key=["k3,k4", "k5"]).api_key == ["k3", "k4", "k5"]
+
+
 def test_each_component_gets_its_own_settings() -> None:
     settings = Settings(
         max_input_items=7,

@@ -60,5 +60,5 @@ class HttpConfig(BaseModel):
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod
-    def _comma_separated(cls, value: object) -> object:
+    def _comma_separated_names(cls, value: object) -> object:
         return comma_separated(value)

@@ -40,5 +40,5 @@ class KeysConfig(BaseModel):
 
     @field_validator("api_key", mode="before")
     @classmethod
-    def _comma_separated(cls, value: object) -> object:
+    def _comma_separated_keys(cls, value: object) -> object:
         return comma_separated(value)

@@ -3,7 +3,8 @@
 `Settings` is one flat pydantic-settings model (so each flag is `--name` and `RESPD_NAME`)
 composed of one model per concern; each concern hands its component the settings object
 that component takes. Every field becomes a `respd serve --flag` (see `cli.py`), so adding
-a field to a concern is the whole job of adding a flag.
+a field to a concern is the whole job of adding a flag. No two concerns may define the same
+name, validators included: the first base's would hide the other's.
 """
 
 from __future__ import annotations
