@@ -28,7 +28,7 @@ JSON = dict[str, Any]
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 UNFINISHED_STATUSES = frozenset({"queued", "in_progress"})
 
-# Defaults of the settings that reach the stores (config.py reads them from here).
+# Defaults of the settings that reach the stores (config/store.py reads them from here).
 DEFAULT_TTL_SECS = 30 * 24 * 3600  # OpenAI keeps stored responses for 30 days
 DEFAULT_PURGE_INTERVAL_SECS = 300.0
 DEFAULT_JOB_LEASE_SECS = 30.0
