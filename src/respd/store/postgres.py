@@ -83,7 +83,6 @@ _REQUEST_CANCEL = _pg(
     "UPDATE responses SET cancel_requested = TRUE "
     f"WHERE id = ? AND owner = ? AND {UNFINISHED} AND {FRESH}"
 )
-# Marks a write to a visible conversation, locking its row for the rest of the transaction.
 _TOUCH_CONVERSATION = _pg(
     f"UPDATE conversations SET updated_at = ? WHERE id = ? AND owner = ? AND {FRESH}"
 )
