@@ -1,6 +1,6 @@
 """The Files API: uploaded bytes with OpenAI's `FileObject` metadata, owner-scoped, optionally
-expiring. `read_file` and `file_not_found` are how the rest of the service reads a `file_id`
-in model input.
+expiring. `read_file` reads a file and its bytes for the owner; its 404 is the one media
+resolution raises for a `file_id` in model input (`media/errors.py`).
 
 Nothing here knows about HTTP: `api/files.py` parses the multipart form (and stops reading an
 upload once it is over `max_file_bytes`), this module validates and stores it.
@@ -13,8 +13,9 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from respd.protocol.errors import APIError, InvalidRequest, MissingParameter, NotFound
+from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 from respd.service.media.cache import MediaCache
+from respd.service.media.errors import file_not_found
 from respd.service.pages import page
 from respd.store.base import JSON, FileRecord, Store
 
@@ -52,11 +53,6 @@ class FileTooLarge(APIError):
             param="file",
             code="file_too_large",
         )
-
-
-def file_not_found(file_id: str, *, param: str = "file_id") -> NotFound:
-    """404 for a file that is unknown, expired, deleted or someone else's (OpenAI's wording)."""
-    return NotFound(f"No such File object: {file_id}", param=param)
 
 
 def new_file_id() -> str:

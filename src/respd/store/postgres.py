@@ -17,7 +17,6 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import DictRow, dict_row
@@ -31,75 +30,78 @@ from respd.store.base import (
     ResponseRecord,
 )
 from respd.store.migrations import POSTGRES_MIGRATIONS, newer_than_known, statements
+from respd.store.sql import (
+    FRESH,
+    PURGE_BATCH,
+    RESPONSE_COLUMNS,
+    UNFINISHED,
+    conversation_record,
+    conversation_row,
+    dumps,
+    event_rows,
+    file_record,
+    file_row,
+    held_response_params,
+    item_rows,
+    response_record,
+    response_row,
+    restyle,
+)
+from respd.store.sql import PYFORMAT as Q
 
 Conn = AsyncConnection[DictRow]
 
-_RESPONSE_COLUMNS = (
-    "id, owner, created_at, status, background, previous_response_id, conversation_id, "
-    "response, input_items"
-)
-_UNFINISHED = "status IN ('queued', 'in_progress')"
-_FRESH = "updated_at >= %s"  # the last write within the TTL (the parameter is the cut-off)
-_FILE_COLUMNS = "id, owner, created_at, filename, purpose, bytes, mime_type, expires_at"
-_UNEXPIRED = "(expires_at IS NULL OR expires_at > %s)"
 # A job is stale when its lease ran out: its holder stopped renewing it (it died).
-_STALE = f"{_UNFINISHED} AND (lease_until IS NULL OR lease_until < %s)"
+_STALE = f"{UNFINISHED} AND (lease_until IS NULL OR lease_until < ?)"
 MIGRATION_LOCK = 0x72657370_64  # pg_advisory_xact_lock key: "respd"
-PURGE_BATCH = 500
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+def _pg(sql: str) -> str:
+    """A statement of this store's own, written with `?` like the shared ones."""
+    return restyle(sql, "%s")
 
 
-def _response(row: DictRow) -> ResponseRecord:
-    return ResponseRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        status=row["status"],
-        background=row["background"],
-        previous_response_id=row["previous_response_id"],
-        conversation_id=row["conversation_id"],
-        response=json.loads(row["response"]),
-        input_items=json.loads(row["input_items"]),
+_RENEW_LEASES = _pg(
+    "UPDATE responses SET lease_until = ? WHERE id = ANY(?) AND worker = ? "
+    f"AND {UNFINISHED} AND {FRESH} RETURNING id"
+)
+# Under READ COMMITTED a second UPDATE of the same row waits for the first and re-checks
+# the lease, which the first has renewed: exactly one caller wins.
+_CLAIM_JOB = _pg(
+    "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = FALSE "
+    f"WHERE id = ? AND {_STALE} RETURNING {RESPONSE_COLUMNS}"
+)
+# SKIP LOCKED: replicas sweeping at the same moment split the stale jobs between them
+# instead of queueing on the same rows.
+_CLAIM_STALE_JOBS = _pg(
+    "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = FALSE "
+    "WHERE id IN (SELECT id FROM responses "
+    f"WHERE {_STALE} ORDER BY created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED) "
+    f"RETURNING {RESPONSE_COLUMNS}"
+)
+_REQUEST_CANCEL = _pg(
+    "UPDATE responses SET cancel_requested = TRUE "
+    f"WHERE id = ? AND owner = ? AND {UNFINISHED} AND {FRESH}"
+)
+_TOUCH_CONVERSATION = _pg(
+    f"UPDATE conversations SET updated_at = ? WHERE id = ? AND owner = ? AND {FRESH}"
+)
+_INSERT_EVENTS = _pg(
+    "INSERT INTO response_events (response_id, seq, event) VALUES (?, ?, ?) "
+    "ON CONFLICT (response_id, seq) DO UPDATE SET event = excluded.event"
+)
+# Expired rows, a batch at a time (children cascade).
+_PURGES = tuple(
+    _pg(sql)
+    for sql in (
+        "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
+        "WHERE updated_at < ? LIMIT ? FOR UPDATE SKIP LOCKED)",
+        "DELETE FROM conversations WHERE id IN (SELECT id FROM conversations "
+        "WHERE updated_at < ? LIMIT ? FOR UPDATE SKIP LOCKED)",
+        "DELETE FROM files WHERE id IN (SELECT id FROM files WHERE expires_at IS NOT "
+        "NULL AND expires_at <= ? LIMIT ? FOR UPDATE SKIP LOCKED)",
     )
-
-
-def _conversation(row: DictRow) -> ConversationRecord:
-    return ConversationRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        metadata=json.loads(row["metadata"]),
-    )
-
-
-def _file(row: DictRow) -> FileRecord:
-    return FileRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        filename=row["filename"],
-        purpose=row["purpose"],
-        bytes=row["bytes"],
-        mime_type=row["mime_type"],
-        expires_at=row["expires_at"],
-    )
-
-
-def _response_row(record: ResponseRecord) -> tuple[Any, ...]:
-    return (
-        record.id,
-        record.owner,
-        record.created_at,
-        record.status,
-        record.background,
-        record.previous_response_id,
-        record.conversation_id,
-        _dumps(record.response),
-        _dumps(record.input_items),
-    )
+)
 
 
 class PostgresStore:
@@ -185,35 +187,16 @@ class PostgresStore:
                 # The holder's write takes the row lock first, so a concurrent delete or
                 # takeover either happened before (nothing is written) or waits for it.
                 cur = await conn.execute(
-                    "UPDATE responses SET status = %s, response = %s, input_items = %s, "
-                    "conversation_id = %s, updated_at = %s WHERE id = %s AND worker = %s "
-                    f"AND {_UNFINISHED} AND {_FRESH}",
+                    Q.update_held_response,
                     (
-                        record.status,
-                        _dumps(record.response),
-                        _dumps(record.input_items),
-                        record.conversation_id,
-                        now,
-                        record.id,
-                        worker,
+                        *held_response_params(record, now, worker),
                         self._cutoff(self.responses_ttl),
                     ),
                 )
                 if not cur.rowcount:
                     return False
             else:
-                # A finished record is never overwritten by an unfinished one.
-                await conn.execute(
-                    f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO UPDATE SET status = excluded.status, "
-                    "response = excluded.response, input_items = excluded.input_items, "
-                    "conversation_id = excluded.conversation_id, "
-                    "updated_at = excluded.updated_at "
-                    f"WHERE responses.{_UNFINISHED} "
-                    "OR excluded.status NOT IN ('queued', 'in_progress')",
-                    (*_response_row(record), now),
-                )
+                await conn.execute(Q.upsert_response, (*response_row(record), now))
             if conversation is not None:
                 conv_id, items = conversation
                 if await self._touch_conversation(conn, record.owner, conv_id):
@@ -224,28 +207,22 @@ class PostgresStore:
     async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None:
         async with self._connection() as conn:
             cur = await conn.execute(
-                f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = %s AND owner = %s "
-                f"AND {_FRESH}",
-                (response_id, owner, self._cutoff(self.responses_ttl)),
+                Q.get_response, (response_id, owner, self._cutoff(self.responses_ttl))
             )
             row = await cur.fetchone()
-        return _response(row) if row else None
+        return response_record(row) if row else None
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         async with self._connection() as conn:  # its events go by ON DELETE CASCADE
             cur = await conn.execute(
-                f"DELETE FROM responses WHERE id = %s AND owner = %s AND {_FRESH}",
-                (response_id, owner, self._cutoff(self.responses_ttl)),
+                Q.delete_response, (response_id, owner, self._cutoff(self.responses_ttl))
             )
             return cur.rowcount > 0
 
     async def read_events(self, owner: str, response_id: str, after: int) -> list[JSON]:
         async with self._connection() as conn:
             cur = await conn.execute(
-                "SELECT e.event FROM response_events e JOIN responses r ON r.id = e.response_id "
-                "WHERE e.response_id = %s AND r.owner = %s AND r.updated_at >= %s "
-                "AND e.seq > %s ORDER BY e.seq",
-                (response_id, owner, self._cutoff(self.responses_ttl), after),
+                Q.read_events, (response_id, owner, self._cutoff(self.responses_ttl), after)
             )
             rows = await cur.fetchall()
         return [json.loads(r["event"]) for r in rows]
@@ -255,11 +232,7 @@ class PostgresStore:
     async def start_job(self, record: ResponseRecord, worker: str, lease_secs: float) -> None:
         now = self.clock()
         async with self._connection() as conn:
-            await conn.execute(
-                f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at, worker, lease_until) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (*_response_row(record), now, worker, now + lease_secs),
-            )
+            await conn.execute(Q.start_job, (*response_row(record), now, worker, now + lease_secs))
 
     async def renew_leases(
         self, worker: str, response_ids: list[str], lease_secs: float
@@ -268,8 +241,7 @@ class PostgresStore:
             return []
         async with self._connection() as conn:
             cur = await conn.execute(
-                "UPDATE responses SET lease_until = %s WHERE id = ANY(%s) AND worker = %s "
-                f"AND {_UNFINISHED} AND {_FRESH} RETURNING id",
+                _RENEW_LEASES,
                 (
                     self.clock() + lease_secs,
                     response_ids,
@@ -285,47 +257,27 @@ class PostgresStore:
     ) -> ResponseRecord | None:
         now = self.clock()
         async with self._connection() as conn:
-            # Under READ COMMITTED a second UPDATE of the same row waits for the first and
-            # re-checks the lease, which the first has renewed: exactly one caller wins.
-            cur = await conn.execute(
-                "UPDATE responses SET worker = %s, lease_until = %s, cancel_requested = FALSE "
-                f"WHERE id = %s AND {_STALE} RETURNING {_RESPONSE_COLUMNS}",
-                (worker, now + lease_secs, response_id, now),
-            )
+            cur = await conn.execute(_CLAIM_JOB, (worker, now + lease_secs, response_id, now))
             row = await cur.fetchone()
-        return _response(row) if row else None
+        return response_record(row) if row else None
 
     async def claim_stale_jobs(self, worker: str, lease_secs: float) -> list[ResponseRecord]:
         now = self.clock()
         async with self._connection() as conn:
-            # SKIP LOCKED: replicas sweeping at the same moment split the stale jobs between
-            # them instead of queueing on the same rows.
-            cur = await conn.execute(
-                "UPDATE responses SET worker = %s, lease_until = %s, cancel_requested = FALSE "
-                "WHERE id IN (SELECT id FROM responses "
-                f"WHERE {_STALE} ORDER BY created_at, id LIMIT 100 FOR UPDATE SKIP LOCKED) "
-                f"RETURNING {_RESPONSE_COLUMNS}",
-                (worker, now + lease_secs, now),
-            )
+            cur = await conn.execute(_CLAIM_STALE_JOBS, (worker, now + lease_secs, now))
             rows = await cur.fetchall()
-        return sorted((_response(r) for r in rows), key=lambda r: (r.created_at, r.id))
+        return sorted((response_record(r) for r in rows), key=lambda r: (r.created_at, r.id))
 
     async def request_cancel(self, owner: str, response_id: str) -> bool:
         async with self._connection() as conn:
             cur = await conn.execute(
-                "UPDATE responses SET cancel_requested = TRUE "
-                f"WHERE id = %s AND owner = %s AND {_UNFINISHED} AND {_FRESH}",
-                (response_id, owner, self._cutoff(self.responses_ttl)),
+                _REQUEST_CANCEL, (response_id, owner, self._cutoff(self.responses_ttl))
             )
             return cur.rowcount > 0
 
     async def cancel_requests(self, worker: str) -> list[str]:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT id FROM responses "
-                f"WHERE worker = %s AND cancel_requested AND {_UNFINISHED}",
-                (worker,),
-            )
+            cur = await conn.execute(Q.cancel_requests, (worker,))
             return [r["id"] for r in await cur.fetchall()]
 
     # -- conversations --------------------------------------------------------------------
@@ -334,51 +286,40 @@ class PostgresStore:
         """Mark a write to a visible conversation of `owner` (locking its row for the rest
         of the transaction); False when there is none."""
         cur = await conn.execute(
-            f"UPDATE conversations SET updated_at = %s WHERE id = %s AND owner = %s AND {_FRESH}",
+            _TOUCH_CONVERSATION,
             (self.clock(), conversation_id, owner, self._cutoff(self.conversations_ttl)),
         )
         return cur.rowcount > 0
 
     async def _owns_conversation(self, conn: Conn, owner: str, conversation_id: str) -> bool:
         cur = await conn.execute(
-            f"SELECT 1 FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+            Q.owns_conversation,
             (conversation_id, owner, self._cutoff(self.conversations_ttl)),
         )
         return await cur.fetchone() is not None
 
     async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None:
         async with self._connection() as conn:
-            await conn.execute(
-                "INSERT INTO conversations (id, owner, created_at, updated_at, metadata) "
-                "VALUES (%s, %s, %s, %s, %s)",
-                (
-                    record.id,
-                    record.owner,
-                    record.created_at,
-                    self.clock(),
-                    _dumps(record.metadata),
-                ),
-            )
+            await conn.execute(Q.create_conversation, conversation_row(record, self.clock()))
             await _insert_items(conn, record.id, items)
 
     async def get_conversation(self, owner: str, conversation_id: str) -> ConversationRecord | None:
         async with self._connection() as conn:
             cur = await conn.execute(
-                f"SELECT * FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+                Q.get_conversation,
                 (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             )
             row = await cur.fetchone()
-        return _conversation(row) if row else None
+        return conversation_record(row) if row else None
 
     async def update_conversation(
         self, owner: str, conversation_id: str, metadata: dict[str, str]
     ) -> ConversationRecord | None:
         async with self._connection() as conn:
             cur = await conn.execute(
-                "UPDATE conversations SET metadata = %s, updated_at = %s "
-                f"WHERE id = %s AND owner = %s AND {_FRESH} RETURNING *",
+                Q.update_conversation,
                 (
-                    _dumps(metadata),
+                    dumps(metadata),
                     self.clock(),
                     conversation_id,
                     owner,
@@ -386,12 +327,12 @@ class PostgresStore:
                 ),
             )
             row = await cur.fetchone()
-        return _conversation(row) if row else None
+        return conversation_record(row) if row else None
 
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         async with self._connection() as conn:  # its items go by ON DELETE CASCADE
             cur = await conn.execute(
-                f"DELETE FROM conversations WHERE id = %s AND owner = %s AND {_FRESH}",
+                Q.delete_conversation,
                 (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             )
             return cur.rowcount > 0
@@ -409,10 +350,7 @@ class PostgresStore:
         async with self._connection() as conn:
             if not await self._owns_conversation(conn, owner, conversation_id):
                 return None
-            cur = await conn.execute(
-                "SELECT item FROM conversation_items WHERE conversation_id = %s ORDER BY pos",
-                (conversation_id,),
-            )
+            cur = await conn.execute(Q.conversation_items, (conversation_id,))
             rows = await cur.fetchall()
         return [json.loads(r["item"]) for r in rows]
 
@@ -422,10 +360,7 @@ class PostgresStore:
         async with self._connection() as conn:
             if not await self._touch_conversation(conn, owner, conversation_id):
                 return False
-            cur = await conn.execute(
-                "DELETE FROM conversation_items WHERE conversation_id = %s AND item_id = %s",
-                (conversation_id, item_id),
-            )
+            cur = await conn.execute(Q.delete_item, (conversation_id, item_id))
             if not cur.rowcount:
                 await conn.rollback()  # nothing deleted: not a write
                 return False
@@ -435,86 +370,43 @@ class PostgresStore:
 
     async def save_file(self, record: FileRecord, content: bytes) -> None:
         async with self._connection() as conn:
-            await conn.execute(
-                f"INSERT INTO files ({_FILE_COLUMNS}, content) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    record.id,
-                    record.owner,
-                    record.created_at,
-                    record.filename,
-                    record.purpose,
-                    record.bytes,
-                    record.mime_type,
-                    record.expires_at,
-                    content,
-                ),
-            )
-            # As in SqliteStore.save_file: expired bytes go with the next upload too.
-            await conn.execute(
-                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= %s",
-                (int(self.clock()),),
-            )
+            await conn.execute(Q.insert_file, (*file_row(record), content))
+            await conn.execute(Q.drop_expired_files, (int(self.clock()),))
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            )
+            cur = await conn.execute(Q.get_file, (file_id, owner, int(self.clock())))
             row = await cur.fetchone()
-        return _file(row) if row else None
+        return file_record(row) if row else None
 
     async def file_content(self, owner: str, file_id: str) -> bytes | None:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                f"SELECT content FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            )
+            cur = await conn.execute(Q.file_content, (file_id, owner, int(self.clock())))
             row = await cur.fetchone()
         return bytes(row["content"]) if row else None
 
     async def list_files(self, owner: str) -> list[FileRecord]:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = %s AND {_UNEXPIRED} "
-                "ORDER BY created_at, seq",
-                (owner, int(self.clock())),
-            )
+            cur = await conn.execute(Q.list_files + "seq", (owner, int(self.clock())))
             rows = await cur.fetchall()
-        return [_file(r) for r in rows]
+        return [file_record(r) for r in rows]
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                f"DELETE FROM files WHERE id = %s AND owner = %s AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            )
+            cur = await conn.execute(Q.delete_file, (file_id, owner, int(self.clock())))
             return cur.rowcount > 0
 
     # -- housekeeping -----------------------------------------------------------------------
 
     async def purge_expired(self) -> int:
         """Delete expired rows in batches, one short transaction each (children cascade)."""
-        queries = (
-            (
-                "DELETE FROM responses WHERE id IN (SELECT id FROM responses "
-                "WHERE updated_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
-                lambda: self._cutoff(self.responses_ttl),
-            ),
-            (
-                "DELETE FROM conversations WHERE id IN (SELECT id FROM conversations "
-                "WHERE updated_at < %s LIMIT %s FOR UPDATE SKIP LOCKED)",
-                lambda: self._cutoff(self.conversations_ttl),
-            ),
-            (
-                "DELETE FROM files WHERE id IN (SELECT id FROM files WHERE expires_at IS NOT "
-                "NULL AND expires_at <= %s LIMIT %s FOR UPDATE SKIP LOCKED)",
-                lambda: int(self.clock()),
-            ),
+        cutoffs: tuple[Callable[[], float], ...] = (
+            lambda: self._cutoff(self.responses_ttl),
+            lambda: self._cutoff(self.conversations_ttl),
+            lambda: int(self.clock()),
         )
         total = 0
-        for query, cutoff in queries:
+        for query, cutoff in zip(_PURGES, cutoffs, strict=True):
             while True:
                 async with self._connection() as conn:
                     removed = (await conn.execute(query, (cutoff(), PURGE_BATCH))).rowcount
@@ -525,14 +417,7 @@ class PostgresStore:
 
     async def stats(self) -> dict[str, int]:
         async with self._connection() as conn:
-            cur = await conn.execute(
-                "SELECT (SELECT COUNT(*) FROM responses) AS a, "
-                "(SELECT COUNT(*) FROM conversations) AS b, "
-                "(SELECT COUNT(*) FROM conversation_items) AS c, "
-                "(SELECT COUNT(*) FROM files) AS d, "
-                "(SELECT COALESCE(SUM(bytes), 0) FROM files) AS e, "
-                "(SELECT COUNT(*) FROM response_events) AS f"
-            )
+            cur = await conn.execute(Q.stats)
             row = await cur.fetchone()
         assert row is not None
         return dict(zip(STAT_KEYS, (int(v) for v in row.values()), strict=True))
@@ -541,19 +426,10 @@ class PostgresStore:
 async def _insert_items(conn: Conn, conversation_id: str, items: list[JSON]) -> None:
     if items:
         async with conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO conversation_items (conversation_id, item_id, item) "
-                "VALUES (%s, %s, %s)",
-                [(conversation_id, str(i.get("id", "")), _dumps(i)) for i in items],
-            )
+            await cur.executemany(Q.insert_items, item_rows(conversation_id, items))
 
 
 async def _insert_events(conn: Conn, response_id: str, events: list[JSON]) -> None:
     if events:
-        rows = [(response_id, int(e["sequence_number"]), _dumps(e)) for e in events]
         async with conn.cursor() as cur:
-            await cur.executemany(
-                "INSERT INTO response_events (response_id, seq, event) VALUES (%s, %s, %s) "
-                "ON CONFLICT (response_id, seq) DO UPDATE SET event = excluded.event",
-                rows,
-            )
+            await cur.executemany(_INSERT_EVENTS, event_rows(response_id, events))

@@ -17,64 +17,29 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from respd.store.base import JSON, STAT_KEYS, ConversationRecord, FileRecord, ResponseRecord
 from respd.store.migrations import migrate
+from respd.store.sql import (
+    FRESH,
+    PURGE_BATCH,
+    RESPONSE_COLUMNS,
+    UNFINISHED,
+    conversation_record,
+    conversation_row,
+    dumps,
+    event_rows,
+    file_record,
+    file_row,
+    held_response_params,
+    item_rows,
+    response_record,
+    response_row,
+)
+from respd.store.sql import QMARK as Q
 
 T = TypeVar("T")
-
-_RESPONSE_COLUMNS = (
-    "id, owner, created_at, status, background, previous_response_id, conversation_id, "
-    "response, input_items"
-)
-_UNFINISHED = "status IN ('queued', 'in_progress')"
-# Visibility under retention: the last write within the TTL (the parameter is the cut-off).
-_FRESH = "updated_at >= ?"
-_FILE_COLUMNS = "id, owner, created_at, filename, purpose, bytes, mime_type, expires_at"
-# A file is visible until its `expires_at` (NULL: until deleted).
-_UNEXPIRED = "(expires_at IS NULL OR expires_at > ?)"
-PURGE_BATCH = 500  # rows per purge transaction, so the lock is never held for long
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def _response(row: sqlite3.Row) -> ResponseRecord:
-    return ResponseRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        status=row["status"],
-        background=bool(row["background"]),
-        previous_response_id=row["previous_response_id"],
-        conversation_id=row["conversation_id"],
-        response=json.loads(row["response"]),
-        input_items=json.loads(row["input_items"]),
-    )
-
-
-def _conversation(row: sqlite3.Row) -> ConversationRecord:
-    return ConversationRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        metadata=json.loads(row["metadata"]),
-    )
-
-
-def _file(row: sqlite3.Row) -> FileRecord:
-    return FileRecord(
-        id=row["id"],
-        owner=row["owner"],
-        created_at=row["created_at"],
-        filename=row["filename"],
-        purpose=row["purpose"],
-        bytes=row["bytes"],
-        mime_type=row["mime_type"],
-        expires_at=row["expires_at"],
-    )
 
 
 def create_private(path: Path) -> None:
@@ -136,42 +101,20 @@ class SqliteStore:
         worker: str | None = None,
     ) -> bool:
         now = self.clock()
-        response, input_items = _dumps(record.response), _dumps(record.input_items)
+        # Serialized here, on the event loop, not in the worker thread.
+        params = (
+            held_response_params(record, now, worker)
+            if worker is not None
+            else (*response_row(record), now)
+        )
 
         def write(conn: sqlite3.Connection) -> bool:
             if worker is not None:
-                # Only the holder may write a running job, and only while it is visible.
-                cur = conn.execute(
-                    "UPDATE responses SET status = ?, response = ?, input_items = ?, "
-                    "conversation_id = ?, updated_at = ? WHERE id = ? AND worker = ? "
-                    f"AND {_UNFINISHED} AND {_FRESH}",
-                    (
-                        record.status,
-                        response,
-                        input_items,
-                        record.conversation_id,
-                        now,
-                        record.id,
-                        worker,
-                        self._cutoff(self.responses_ttl),
-                    ),
-                )
-                if not cur.rowcount:
+                held = (*params, self._cutoff(self.responses_ttl))
+                if not conn.execute(Q.update_held_response, held).rowcount:
                     return False
             else:
-                # A finished record is never overwritten by an unfinished one, whatever order
-                # two racing writes (a job's progress and its cancellation) reach the file in.
-                conn.execute(
-                    f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT(id) DO UPDATE SET status = excluded.status, "
-                    "response = excluded.response, input_items = excluded.input_items, "
-                    "conversation_id = excluded.conversation_id, "
-                    "updated_at = excluded.updated_at "
-                    f"WHERE responses.{_UNFINISHED} "
-                    "OR excluded.status NOT IN ('queued', 'in_progress')",
-                    (*_response_row(record), now),
-                )
+                conn.execute(Q.upsert_response, params)
             if conversation is not None:
                 conv_id, items = conversation
                 if self._owns_conversation(conn, record.owner, conv_id):
@@ -185,19 +128,16 @@ class SqliteStore:
     async def get_response(self, owner: str, response_id: str) -> ResponseRecord | None:
         def read(conn: sqlite3.Connection) -> ResponseRecord | None:
             row = conn.execute(
-                f"SELECT {_RESPONSE_COLUMNS} FROM responses WHERE id = ? AND owner = ? "
-                f"AND {_FRESH}",
-                (response_id, owner, self._cutoff(self.responses_ttl)),
+                Q.get_response, (response_id, owner, self._cutoff(self.responses_ttl))
             ).fetchone()
-            return _response(row) if row else None
+            return response_record(row) if row else None
 
         return await self._run(read)
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                f"DELETE FROM responses WHERE id = ? AND owner = ? AND {_FRESH}",
-                (response_id, owner, self._cutoff(self.responses_ttl)),
+                Q.delete_response, (response_id, owner, self._cutoff(self.responses_ttl))
             )
             if cur.rowcount:
                 conn.execute("DELETE FROM response_events WHERE response_id = ?", (response_id,))
@@ -208,10 +148,7 @@ class SqliteStore:
     async def read_events(self, owner: str, response_id: str, after: int) -> list[JSON]:
         def read(conn: sqlite3.Connection) -> list[JSON]:
             rows = conn.execute(
-                "SELECT e.event FROM response_events e JOIN responses r ON r.id = e.response_id "
-                "WHERE e.response_id = ? AND r.owner = ? AND r.updated_at >= ? AND e.seq > ? "
-                "ORDER BY e.seq",
-                (response_id, owner, self._cutoff(self.responses_ttl), after),
+                Q.read_events, (response_id, owner, self._cutoff(self.responses_ttl), after)
             ).fetchall()
             return [json.loads(r[0]) for r in rows]
 
@@ -223,11 +160,7 @@ class SqliteStore:
         now = self.clock()
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                f"INSERT INTO responses ({_RESPONSE_COLUMNS}, updated_at, worker, lease_until) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (*_response_row(record), now, worker, now + lease_secs),
-            )
+            conn.execute(Q.start_job, (*response_row(record), now, worker, now + lease_secs))
 
         await self._run(write)
 
@@ -240,8 +173,8 @@ class SqliteStore:
             lost = []
             for rid in response_ids:
                 cur = conn.execute(
-                    f"UPDATE responses SET lease_until = ? WHERE id = ? AND worker = ? "
-                    f"AND {_UNFINISHED} AND {_FRESH}",
+                    "UPDATE responses SET lease_until = ? WHERE id = ? AND worker = ? "
+                    f"AND {UNFINISHED} AND {FRESH}",
                     (until, rid, worker, self._cutoff(self.responses_ttl)),
                 )
                 if not cur.rowcount:
@@ -251,7 +184,7 @@ class SqliteStore:
         return await self._run(write)
 
     # One process owns the file, so a job held by another worker id is a dead process's.
-    _STALE = f"{_UNFINISHED} AND (worker IS NULL OR worker != ? OR lease_until < ?)"
+    _STALE = f"{UNFINISHED} AND (worker IS NULL OR worker != ? OR lease_until < ?)"
 
     async def claim_job(
         self, response_id: str, worker: str, lease_secs: float
@@ -261,10 +194,10 @@ class SqliteStore:
         def write(conn: sqlite3.Connection) -> ResponseRecord | None:
             row = conn.execute(
                 "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = 0 "
-                f"WHERE id = ? AND {self._STALE} RETURNING {_RESPONSE_COLUMNS}",
+                f"WHERE id = ? AND {self._STALE} RETURNING {RESPONSE_COLUMNS}",
                 (worker, now + lease_secs, response_id, worker, now),
             ).fetchone()
-            return _response(row) if row else None
+            return response_record(row) if row else None
 
         return await self._run(write)
 
@@ -274,10 +207,10 @@ class SqliteStore:
         def write(conn: sqlite3.Connection) -> list[ResponseRecord]:
             rows = conn.execute(
                 "UPDATE responses SET worker = ?, lease_until = ?, cancel_requested = 0 "
-                f"WHERE {self._STALE} RETURNING {_RESPONSE_COLUMNS}",
+                f"WHERE {self._STALE} RETURNING {RESPONSE_COLUMNS}",
                 (worker, now + lease_secs, worker, now),
             ).fetchall()
-            return sorted((_response(r) for r in rows), key=lambda r: (r.created_at, r.id))
+            return sorted((response_record(r) for r in rows), key=lambda r: (r.created_at, r.id))
 
         return await self._run(write)
 
@@ -285,7 +218,7 @@ class SqliteStore:
         def write(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
                 "UPDATE responses SET cancel_requested = 1 "
-                f"WHERE id = ? AND owner = ? AND {_UNFINISHED} AND {_FRESH}",
+                f"WHERE id = ? AND owner = ? AND {UNFINISHED} AND {FRESH}",
                 (response_id, owner, self._cutoff(self.responses_ttl)),
             )
             return cur.rowcount > 0
@@ -294,10 +227,7 @@ class SqliteStore:
 
     async def cancel_requests(self, worker: str) -> list[str]:
         def read(conn: sqlite3.Connection) -> list[str]:
-            rows = conn.execute(
-                f"SELECT id FROM responses WHERE worker = ? AND cancel_requested AND {_UNFINISHED}",
-                (worker,),
-            ).fetchall()
+            rows = conn.execute(Q.cancel_requests, (worker,)).fetchall()
             return [r[0] for r in rows]
 
         return await self._run(read)
@@ -308,7 +238,7 @@ class SqliteStore:
         self, conn: sqlite3.Connection, owner: str, conversation_id: str
     ) -> bool:
         row = conn.execute(
-            f"SELECT 1 FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+            Q.owns_conversation,
             (conversation_id, owner, self._cutoff(self.conversations_ttl)),
         ).fetchone()
         return row is not None
@@ -320,17 +250,7 @@ class SqliteStore:
 
     async def create_conversation(self, record: ConversationRecord, items: list[JSON]) -> None:
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO conversations (id, owner, created_at, metadata, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.id,
-                    record.owner,
-                    record.created_at,
-                    _dumps(record.metadata),
-                    self.clock(),
-                ),
-            )
+            conn.execute(Q.create_conversation, conversation_row(record, self.clock()))
             _insert_items(conn, record.id, items)
 
         await self._run(write)
@@ -338,10 +258,10 @@ class SqliteStore:
     async def get_conversation(self, owner: str, conversation_id: str) -> ConversationRecord | None:
         def read(conn: sqlite3.Connection) -> ConversationRecord | None:
             row = conn.execute(
-                f"SELECT * FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+                Q.get_conversation,
                 (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             ).fetchone()
-            return _conversation(row) if row else None
+            return conversation_record(row) if row else None
 
         return await self._run(read)
 
@@ -350,24 +270,23 @@ class SqliteStore:
     ) -> ConversationRecord | None:
         def write(conn: sqlite3.Connection) -> ConversationRecord | None:
             row = conn.execute(
-                "UPDATE conversations SET metadata = ?, updated_at = ? "
-                f"WHERE id = ? AND owner = ? AND {_FRESH} RETURNING *",
+                Q.update_conversation,
                 (
-                    _dumps(metadata),
+                    dumps(metadata),
                     self.clock(),
                     conversation_id,
                     owner,
                     self._cutoff(self.conversations_ttl),
                 ),
             ).fetchone()
-            return _conversation(row) if row else None
+            return conversation_record(row) if row else None
 
         return await self._run(write)
 
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             cur = conn.execute(
-                f"DELETE FROM conversations WHERE id = ? AND owner = ? AND {_FRESH}",
+                Q.delete_conversation,
                 (conversation_id, owner, self._cutoff(self.conversations_ttl)),
             )
             if cur.rowcount:
@@ -394,10 +313,7 @@ class SqliteStore:
         def read(conn: sqlite3.Connection) -> list[JSON] | None:
             if not self._owns_conversation(conn, owner, conversation_id):
                 return None
-            rows = conn.execute(
-                "SELECT item FROM conversation_items WHERE conversation_id = ? ORDER BY pos",
-                (conversation_id,),
-            ).fetchall()
+            rows = conn.execute(Q.conversation_items, (conversation_id,)).fetchall()
             return [json.loads(r[0]) for r in rows]
 
         return await self._run(read)
@@ -408,10 +324,7 @@ class SqliteStore:
         def delete(conn: sqlite3.Connection) -> bool:
             if not self._owns_conversation(conn, owner, conversation_id):
                 return False
-            cur = conn.execute(
-                "DELETE FROM conversation_items WHERE conversation_id = ? AND item_id = ?",
-                (conversation_id, item_id),
-            )
+            cur = conn.execute(Q.delete_item, (conversation_id, item_id))
             if cur.rowcount:
                 self._touch_conversation(conn, conversation_id)
             return cur.rowcount > 0
@@ -421,69 +334,38 @@ class SqliteStore:
     # -- files ----------------------------------------------------------------------------
 
     async def save_file(self, record: FileRecord, content: bytes) -> None:
-        row = (
-            record.id,
-            record.owner,
-            record.created_at,
-            record.filename,
-            record.purpose,
-            record.bytes,
-            record.mime_type,
-            record.expires_at,
-            sqlite3.Binary(content),
-        )
+        row = (*file_row(record), sqlite3.Binary(content))
 
         def write(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                f"INSERT INTO files ({_FILE_COLUMNS}, content) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                row,
-            )
-            # Expired files go with the next upload too, not only with the periodic purge:
-            # file bytes are the bulk of a store, and the index makes this cheap.
-            conn.execute(
-                "DELETE FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?",
-                (int(self.clock()),),
-            )
+            conn.execute(Q.insert_file, row)
+            conn.execute(Q.drop_expired_files, (int(self.clock()),))
 
         await self._run(write)
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
         def read(conn: sqlite3.Connection) -> FileRecord | None:
-            row = conn.execute(
-                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            ).fetchone()
-            return _file(row) if row else None
+            row = conn.execute(Q.get_file, (file_id, owner, int(self.clock()))).fetchone()
+            return file_record(row) if row else None
 
         return await self._run(read)
 
     async def file_content(self, owner: str, file_id: str) -> bytes | None:
         def read(conn: sqlite3.Connection) -> bytes | None:
-            row = conn.execute(
-                f"SELECT content FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            ).fetchone()
+            row = conn.execute(Q.file_content, (file_id, owner, int(self.clock()))).fetchone()
             return bytes(row[0]) if row else None
 
         return await self._run(read)
 
     async def list_files(self, owner: str) -> list[FileRecord]:
         def read(conn: sqlite3.Connection) -> list[FileRecord]:
-            rows = conn.execute(  # metadata only: the BLOBs stay on disk
-                f"SELECT {_FILE_COLUMNS} FROM files WHERE owner = ? AND {_UNEXPIRED} "
-                "ORDER BY created_at, rowid",
-                (owner, int(self.clock())),
-            ).fetchall()
-            return [_file(r) for r in rows]
+            rows = conn.execute(Q.list_files + "rowid", (owner, int(self.clock()))).fetchall()
+            return [file_record(r) for r in rows]
 
         return await self._run(read)
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
-            cur = conn.execute(
-                f"DELETE FROM files WHERE id = ? AND owner = ? AND {_UNEXPIRED}",
-                (file_id, owner, int(self.clock())),
-            )
+            cur = conn.execute(Q.delete_file, (file_id, owner, int(self.clock())))
             return cur.rowcount > 0
 
         return await self._run(delete)
@@ -533,12 +415,7 @@ class SqliteStore:
 
     async def stats(self) -> dict[str, int]:
         def read(conn: sqlite3.Connection) -> dict[str, int]:
-            row = conn.execute(
-                "SELECT (SELECT COUNT(*) FROM responses), (SELECT COUNT(*) FROM conversations), "
-                "(SELECT COUNT(*) FROM conversation_items), (SELECT COUNT(*) FROM files), "
-                "(SELECT COALESCE(SUM(bytes), 0) FROM files), "
-                "(SELECT COUNT(*) FROM response_events)"
-            ).fetchone()
+            row = conn.execute(Q.stats).fetchone()
             return dict(zip(STAT_KEYS, (int(v) for v in row), strict=True))
 
         return await self._run(read)
@@ -551,33 +428,16 @@ class SqliteStore:
         await asyncio.to_thread(close)
 
 
-def _response_row(record: ResponseRecord) -> tuple[Any, ...]:
-    return (
-        record.id,
-        record.owner,
-        record.created_at,
-        record.status,
-        int(record.background),
-        record.previous_response_id,
-        record.conversation_id,
-        _dumps(record.response),
-        _dumps(record.input_items),
-    )
-
-
 def _ids(cursor: sqlite3.Cursor) -> list[tuple[str]]:
     return [(row[0],) for row in cursor.fetchall()]
 
 
 def _insert_items(conn: sqlite3.Connection, conversation_id: str, items: list[JSON]) -> None:
-    conn.executemany(
-        "INSERT INTO conversation_items (conversation_id, item_id, item) VALUES (?, ?, ?)",
-        [(conversation_id, str(i.get("id", "")), _dumps(i)) for i in items],
-    )
+    conn.executemany(Q.insert_items, item_rows(conversation_id, items))
 
 
 def _insert_events(conn: sqlite3.Connection, response_id: str, events: list[JSON]) -> None:
     conn.executemany(
         "INSERT OR REPLACE INTO response_events (response_id, seq, event) VALUES (?, ?, ?)",
-        [(response_id, int(e["sequence_number"]), _dumps(e)) for e in events],
+        event_rows(response_id, events),
     )

@@ -20,12 +20,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from respd.engines.base import Image
-
-if TYPE_CHECKING:  # the resolver imports this module
-    from respd.service.media.resolver import Resolved
+from respd.service.media.values import Resolved
 
 DEFAULT_MEDIA_CACHE_MB = 64
 DEFAULT_URL_CACHE_TTL_SECS = 600.0

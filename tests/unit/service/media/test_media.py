@@ -1,6 +1,7 @@
-"""Unit tests of the media vocabulary: resolution (`service/media/resolver.py`) and lowering
-(`service/media/lowering.py`), without a server. Images are made here with Pillow; lowering runs
-with `vision=True` (pure functions, no engine), as a vision model would see it."""
+"""Unit tests of the media vocabulary: resolution (`service/media/resolver.py` and the checks
+it calls) and lowering (`service/media/lowering.py`), without a server. Images are made here
+with Pillow; lowering runs with `vision=True` (pure functions, no engine), as a vision model
+would see it."""
 
 from __future__ import annotations
 
@@ -17,15 +18,13 @@ from respd.engines.base import ChatMessage, Image
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.families.tools import generic_messages
 from respd.protocol.errors import APIError
+from respd.service.media.documents import document_text
+from respd.service.media.fetch import address_refused
+from respd.service.media.images import check_image
 from respd.service.media.lowering import ATTACHED_LINE, Lowering, require_effective_input
-from respd.service.media.resolver import (
-    FileText,
-    MediaResolver,
-    MediaSettings,
-    address_refused,
-    check_image,
-    document_text,
-)
+from respd.service.media.resolver import MediaResolver
+from respd.service.media.settings import MediaSettings
+from respd.service.media.values import FileText
 from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
