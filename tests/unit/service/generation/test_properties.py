@@ -25,10 +25,10 @@ from respd.service.generation.output import (
 )
 from respd.service.generation.reader import OutputReader
 from respd.service.generation.stops import StopMatcher
+from respd.service.generation.thinking import ReasoningSplitter, split_all
+from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.media.lowering import Lowering
-from respd.service.reasoning.splitter import ReasoningSplitter, split_all
 from respd.service.responses.translate import input_to_messages
-from respd.service.tools.parser import ToolCallParser
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

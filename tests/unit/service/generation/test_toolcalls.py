@@ -12,7 +12,7 @@ import json
 import pytest
 
 from respd.engines.families.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolFormat
-from respd.service.tools.parser import (
+from respd.service.generation.toolcalls import (
     ArgumentsDelta,
     CallFinished,
     CallStarted,
