@@ -126,6 +126,16 @@ def test_llama3_bare_json_and_python_tag() -> None:
     assert text(out) == ""
 
 
+def test_a_repeated_name_key_is_decided_by_the_first() -> None:
+    # A call starts as soon as its first name is complete, so a later "name" key cannot
+    # change the reading: read whole, the last name once made these text (or a call).
+    offered = '{"name": "f", "name": "x", "parameters": {}}'
+    assert calls(check(LLAMA3, offered, names={"f"})) == [("f", {})]
+    unknown = '<tool_call>{"name": "x", "name": "f", "arguments": {}}</tool_call>'
+    out = check(HERMES, unknown, names={"f"})
+    assert calls(out) == [] and text(out) == unknown
+
+
 def test_llama3_json_answer_is_not_a_call() -> None:
     raw = '{"answer": 42, "name": "Bob"}'
     out = check(LLAMA3, raw, names={"f"})
