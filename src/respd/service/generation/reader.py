@@ -24,8 +24,8 @@ from respd.service.generation.output import (
     TextDelta,
 )
 from respd.service.generation.stops import StopMatcher
-from respd.service.reasoning.splitter import ReasoningReader, ReasoningSplitter
-from respd.service.tools.parser import ToolCallParser
+from respd.service.generation.thinking import ReasoningReader, ReasoningSplitter
+from respd.service.generation.toolcalls import ToolCallParser
 
 
 class OutputReader:

@@ -8,8 +8,6 @@ pydantic types, so a field we misspell fails here, not in a client.
 
 from __future__ import annotations
 
-import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,37 +15,23 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
-    ResponseApplyPatchToolCall,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
-    ResponseCustomToolCall,
-    ResponseCustomToolCallInputDeltaEvent,
-    ResponseCustomToolCallInputDoneEvent,
     ResponseFailedEvent,
     ResponseFunctionCallArgumentsDeltaEvent,
-    ResponseFunctionCallArgumentsDoneEvent,
-    ResponseFunctionShellToolCall,
-    ResponseFunctionToolCall,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
-    ResponseOutputMessage,
     ResponseQueuedEvent,
-    ResponseReasoningItem,
     ResponseReasoningSummaryPartAddedEvent,
     ResponseReasoningSummaryPartDoneEvent,
     ResponseReasoningSummaryTextDeltaEvent,
     ResponseReasoningSummaryTextDoneEvent,
-    ResponseReasoningTextDeltaEvent,
-    ResponseReasoningTextDoneEvent,
     ResponseStreamEvent,
-    ResponseTextDeltaEvent,
-    ResponseTextDoneEvent,
 )
-from openai.types.responses.response_output_item import LocalShellCall
 from pydantic import BaseModel
 
 from respd.engines.base import TokenLogprob
@@ -62,31 +46,20 @@ from respd.service.generation.output import (
     Usage,
 )
 from respd.service.ids import new_id
+from respd.service.responses.text_items import (
+    ID_PREFIX,
+    TEXT_EVENTS,
+    OpenText,
+    TextKind,
+    summarize_reasoning,
+)
+from respd.service.responses.tool_items import CALL_ITEM, OpenCall
 from respd.service.tools.definitions import ToolRoute
 
 # pydantic's own `model_construct` (the classmethod's function), not the SDK's override.
 _construct: Callable[..., Any] = vars(BaseModel)["model_construct"].__func__
 
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
-
-
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
-CONCISE_CHARS = 280
-
-
-def summarize_reasoning(text: str, mode: str) -> str:
-    """The summary of a reasoning item. The model wrote no summary of its own, so
-    `detailed` (and `auto`) is the reasoning itself, `concise` its opening sentences up to
-    about 280 characters."""
-    text = text.strip()
-    if mode != "concise" or len(text) <= CONCISE_CHARS:
-        return text
-    out = ""
-    for sentence in _SENTENCE_END.split(text):
-        if out and len(out) + len(sentence) + 1 > CONCISE_CHARS:
-            break
-        out = f"{out} {sentence}".strip()
-    return out if len(out) <= CONCISE_CHARS else out[:CONCISE_CHARS].rstrip() + "…"
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
@@ -98,171 +71,6 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.input_tokens + usage.output_tokens,
     }
-
-
-TextKind = Literal["message", "reasoning"]
-
-
-@dataclass
-class _OpenText:
-    """A message or reasoning item being written: one content part that grows by deltas."""
-
-    kind: TextKind
-    id: str
-    output_index: int
-    text: str = ""
-    logprobs: list[dict[str, Any]] = field(default_factory=list)  # message text only
-
-    def part(self) -> dict[str, Any]:
-        if self.kind == "reasoning":
-            return {"type": "reasoning_text", "text": self.text}
-        return {
-            "type": "output_text",
-            "text": self.text,
-            "annotations": [],
-            "logprobs": list(self.logprobs),
-        }
-
-    def item(self, status: str, *, empty: bool = False) -> dict[str, Any]:
-        """The item; `empty`: as `output_item.added` announces it, before any part."""
-        content = [] if empty else [self.part()]
-        if self.kind == "reasoning":
-            return {
-                "id": self.id,
-                "type": "reasoning",
-                "summary": [],
-                "content": content,
-                "status": status,
-            }
-        return {
-            "id": self.id,
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": content,
-        }
-
-
-# Per kind: the event type prefix, the delta and done event classes, the finished item's class.
-_TEXT_EVENTS: dict[TextKind, tuple[str, type[BaseModel], type[BaseModel], type[BaseModel]]] = {
-    "message": (
-        "response.output_text",
-        ResponseTextDeltaEvent,
-        ResponseTextDoneEvent,
-        ResponseOutputMessage,
-    ),
-    "reasoning": (
-        "response.reasoning_text",
-        ResponseReasoningTextDeltaEvent,
-        ResponseReasoningTextDoneEvent,
-        ResponseReasoningItem,
-    ),
-}
-_ID_PREFIX: dict[TextKind, str] = {"message": "msg", "reasoning": "rs"}
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-_OPEN_INPUT = re.compile(r'"input"\s*:\s*"')
-# Per kind of call: its item type and the prefix of its item id.
-_CALL_ITEM = {
-    "function": ("function_call", "fc"),
-    "custom": ("custom_tool_call", "ctc"),
-    "local_shell": ("local_shell_call", "lsh"),
-    "shell": ("shell_call", "sh"),
-    "apply_patch": ("apply_patch_call", "apc"),
-}
-_PATCH_OPERATIONS = ("create_file", "update_file", "delete_file")
-# The item classes of the client-run tools' calls, which finish without argument events.
-_CLIENT_CALL_TYPES: dict[str, type[BaseModel]] = {
-    "local_shell": LocalShellCall,
-    "shell": ResponseFunctionShellToolCall,
-    "apply_patch": ResponseApplyPatchToolCall,
-}
-
-
-@dataclass
-class _OpenCall:
-    id: str
-    call_id: str
-    route: ToolRoute
-    output_index: int
-    arguments: str = ""  # the JSON the model wrote, as it arrives
-
-    def input_text(self) -> str:
-        """A custom tool call's text: its `input` argument (as far as it was written, for
-        a call cut short)."""
-        value = _json_object(self.arguments).get("input")
-        if isinstance(value, str):
-            return value
-        m = _OPEN_INPUT.search(self.arguments)
-        if m is None:
-            return ""
-        text = self.arguments[m.end() :]
-        for cut in range(len(text), max(len(text) - 6, -1), -1):  # a cut escape sequence
-            try:
-                partial = json.loads('"' + text[:cut] + '"')
-            except ValueError:
-                continue
-            return partial if isinstance(partial, str) else ""
-        return ""
-
-    def patch_operation(self) -> dict[str, Any]:
-        """An apply_patch call's `operation`, whole even when the model's arguments are not
-        (a cut call, an unknown operation type): the client reads its path and diff."""
-        args = _json_object(self.arguments)
-        kind = args.get("type")
-        op: dict[str, Any] = {
-            "type": kind if kind in _PATCH_OPERATIONS else "update_file",
-            "path": str(args.get("path") or ""),
-        }
-        if op["type"] != "delete_file":
-            op["diff"] = str(args.get("diff") or "")
-        return {"operation": op}
-
-    def item(self, status: str) -> dict[str, Any]:
-        route = self.route
-        if route.kind == "apply_patch" and status != "completed":
-            status = "in_progress"  # the item type knows no other unfinished state
-        head = {"id": self.id, "type": _CALL_ITEM[route.kind][0], "status": status}
-        if route.kind == "local_shell":
-            args = _json_object(self.arguments)
-            command = args.get("command")
-            action: dict[str, Any] = {
-                "type": "exec",
-                "command": [str(c) for c in command] if isinstance(command, list) else [],
-                "env": {},
-            }
-            for key in ("working_directory", "timeout_ms"):
-                if args.get(key) is not None:
-                    action[key] = args[key]
-            return {**head, "call_id": self.call_id, "action": action}
-        if route.kind == "shell":
-            args = _json_object(self.arguments)
-            commands = args.get("commands")
-            timeout = args.get("timeout_ms")
-            action = {
-                "commands": [str(c) for c in commands] if isinstance(commands, list) else [],
-                "timeout_ms": timeout if isinstance(timeout, int) else None,
-                "max_output_length": None,
-            }
-            return {**head, "call_id": self.call_id, "action": action}
-        if route.kind == "apply_patch":
-            return {**head, "call_id": self.call_id, **self.patch_operation()}
-        if route.kind == "custom":
-            head["input"] = self.input_text()
-        else:
-            head["arguments"] = self.arguments
-        head.update(call_id=self.call_id, name=route.name)
-        if route.namespace:
-            head["namespace"] = route.namespace
-        return head
 
 
 @dataclass
@@ -295,8 +103,8 @@ class ResponseEventMachine:
     # A remote engine's failure, as the HTTP status a non-streaming client gets.
     error_status: int | None = None
     _seq: int = 0
-    _text: _OpenText | None = None  # the message or reasoning item being written
-    _call: _OpenCall | None = None
+    _text: OpenText | None = None  # the message or reasoning item being written
+    _call: OpenCall | None = None
     _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
 
     # -- snapshots ------------------------------------------------------------------------
@@ -374,7 +182,7 @@ class ResponseEventMachine:
     def _open_text(self, kind: TextKind) -> list[ResponseStreamEvent]:
         """Close whatever is open, then announce a new item of `kind` and its part."""
         events = self._close_open("completed")
-        t = _OpenText(kind, new_id(_ID_PREFIX[kind]), len(self.output))
+        t = OpenText(kind, new_id(ID_PREFIX[kind]), len(self.output))
         self._text = t
         item = t.item("in_progress", empty=True)
         self.output.append(item)
@@ -403,7 +211,7 @@ class ResponseEventMachine:
         t = self._text
         assert t is not None
         t.text += delta
-        prefix, delta_cls, _, _ = _TEXT_EVENTS[kind]
+        prefix, delta_cls, _, _ = TEXT_EVENTS[kind]
         extra: dict[str, Any] = {"logprobs": logprobs} if kind == "message" else {}
         t.logprobs += logprobs
         make = self._event if logprobs else self._delta_event
@@ -437,7 +245,7 @@ class ResponseEventMachine:
         if summary:
             item["summary"] = [{"type": "summary_text", "text": summary}]
         self.output[t.output_index] = item
-        prefix, _, done_cls, item_cls = _TEXT_EVENTS[t.kind]
+        prefix, _, done_cls, item_cls = TEXT_EVENTS[t.kind]
         extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}
         closing = [
             self._event(
@@ -470,7 +278,7 @@ class ResponseEventMachine:
             ),
         ]
 
-    def _summary_events(self, t: _OpenText, summary: str) -> list[ResponseStreamEvent]:
+    def _summary_events(self, t: OpenText, summary: str) -> list[ResponseStreamEvent]:
         part = {"type": "summary_text", "text": summary}
         where = {"item_id": t.id, "output_index": t.output_index, "summary_index": 0}
         return [
@@ -532,7 +340,7 @@ class ResponseEventMachine:
         """A call begins: any text before it is closed as its own message item."""
         events = self._close_open("completed", "commentary")
         route = self.routes.get(name) or ToolRoute("function", name)
-        call = _OpenCall(new_id(_CALL_ITEM[route.kind][1]), new_id("call"), route, len(self.output))
+        call = OpenCall(new_id(CALL_ITEM[route.kind][1]), new_id("call"), route, len(self.output))
         self._call = call
         item = call.item("in_progress")
         self.output.append(item)
@@ -575,49 +383,13 @@ class ResponseEventMachine:
         self._call = None
         item = call.item("completed" if complete else "incomplete")
         self.output[call.output_index] = item
-        done: BaseModel
-        if call.route.kind == "function":
-            events.append(
-                self._event(
-                    ResponseFunctionCallArgumentsDoneEvent,
-                    type="response.function_call_arguments.done",
-                    item_id=call.id,
-                    output_index=call.output_index,
-                    arguments=call.arguments,
-                    name=call.route.name,  # required by older SDKs (3.3.x), harmless for newer
-                )
-            )
-            done = ResponseFunctionToolCall.model_validate(item)
-        elif call.route.kind == "custom":
-            text = call.input_text()
-            if text:
-                events.append(
-                    self._event(
-                        ResponseCustomToolCallInputDeltaEvent,
-                        type="response.custom_tool_call_input.delta",
-                        item_id=call.id,
-                        output_index=call.output_index,
-                        delta=text,
-                    )
-                )
-            events.append(
-                self._event(
-                    ResponseCustomToolCallInputDoneEvent,
-                    type="response.custom_tool_call_input.done",
-                    item_id=call.id,
-                    output_index=call.output_index,
-                    input=text,
-                )
-            )
-            done = ResponseCustomToolCall.model_validate(item)
-        else:
-            done = _CLIENT_CALL_TYPES[call.route.kind].model_validate(item)
+        events += [self._event(cls, **fields) for cls, fields in call.closing_events()]
         events.append(
             self._event(
                 ResponseOutputItemDoneEvent,
                 type="response.output_item.done",
                 output_index=call.output_index,
-                item=done,
+                item=call.done_item(item),
             )
         )
         return events

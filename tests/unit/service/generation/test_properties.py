@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from respd.engines.base import TokenChunk
@@ -25,10 +25,10 @@ from respd.service.generation.output import (
 )
 from respd.service.generation.reader import OutputReader
 from respd.service.generation.stops import StopMatcher
+from respd.service.generation.thinking import ReasoningSplitter, split_all
+from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.media.lowering import Lowering
-from respd.service.reasoning.splitter import ReasoningSplitter, split_all
 from respd.service.responses.translate import input_to_messages
-from respd.service.tools.parser import ToolCallParser
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -74,6 +74,8 @@ def _calls_and_text(events: list[Any]) -> tuple[str, list[tuple[str, str, bool]]
 
 @FAST
 @given(text=texts, cut=cuts, fmt=st.sampled_from(sorted(FORMATS)))
+# A repeated "name" key, cut between the two: the whole text once read the last one.
+@example(text='{"name": "f", "name": "x"}', cut=[13], fmt="llama3")
 def test_tool_parser_reading_does_not_depend_on_chunking(
     text: str, cut: list[int], fmt: str
 ) -> None:

@@ -12,7 +12,7 @@ from openai.types.responses import CompactedResponse
 
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
-from respd.service.responses.events import summarize_reasoning
+from respd.service.responses.text_items import summarize_reasoning
 from respd.service.responses.translate import SUMMARY_HEADER
 from respd.service.sealing import Sealer, Unsealable
 from tests.sdk_types import strict_event, strict_response

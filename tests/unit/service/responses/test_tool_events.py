@@ -7,9 +7,9 @@ from respd.engines.fake import FakeEngine
 from respd.engines.families.tools import HERMES
 from respd.protocol.responses import CreateResponseRequest
 from respd.service.generation.output import Usage
+from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.service import build_echo
-from respd.service.tools.parser import ToolCallParser
 from tests.sdk_types import strict_event, strict_response
 
 OUTPUT = (

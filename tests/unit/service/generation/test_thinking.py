@@ -31,17 +31,17 @@ from respd.service.generation.output import (
     TextDelta,
     Usage,
 )
-from respd.service.media.lowering import Lowering, require_effective_input
-from respd.service.reasoning.splitter import (
+from respd.service.generation.thinking import (
     AnswerDelta,
     ReasoningReader,
     ReasoningSplitter,
     split_all,
 )
+from respd.service.generation.toolcalls import ToolCallParser
+from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.service import build_echo
 from respd.service.responses.translate import input_to_messages
-from respd.service.tools.parser import ToolCallParser
 from tests.sdk_types import strict_event, strict_response
 
 

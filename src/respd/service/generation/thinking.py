@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from respd.engines.families.reasoning import ReasoningStyle
 from respd.service.generation.output import ReasoningDelta, TextDelta
-from respd.service.tools.parser import ParseEvent, ToolCallParser, partial_suffix
+from respd.service.generation.toolcalls import ParseEvent, ToolCallParser, partial_suffix
 
 
 @dataclass

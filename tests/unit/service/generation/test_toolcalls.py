@@ -12,7 +12,7 @@ import json
 import pytest
 
 from respd.engines.families.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolFormat
-from respd.service.tools.parser import (
+from respd.service.generation.toolcalls import (
     ArgumentsDelta,
     CallFinished,
     CallStarted,
@@ -124,6 +124,16 @@ def test_llama3_bare_json_and_python_tag() -> None:
     out = check(LLAMA3, '<|python_tag|>{"name": "f", "parameters": {"x": "}{"}}<|eom_id|>')
     assert calls(out) == [("f", {"x": "}{"})]
     assert text(out) == ""
+
+
+def test_a_repeated_name_key_is_decided_by_the_first() -> None:
+    # A call starts as soon as its first name is complete, so a later "name" key cannot
+    # change the reading: read whole, the last name once made these text (or a call).
+    offered = '{"name": "f", "name": "x", "parameters": {}}'
+    assert calls(check(LLAMA3, offered, names={"f"})) == [("f", {})]
+    unknown = '<tool_call>{"name": "x", "name": "f", "arguments": {}}</tool_call>'
+    out = check(HERMES, unknown, names={"f"})
+    assert calls(out) == [] and text(out) == unknown
 
 
 def test_llama3_json_answer_is_not_a_call() -> None:

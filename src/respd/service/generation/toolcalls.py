@@ -106,7 +106,8 @@ class _ObjectScanner:
 
     def _end_value(self, end: int) -> None:
         value = self.raw[self.value_start : end].strip()
-        if self.key == "name" and self.value_kind == "string":
+        # The first name decides: a stream starts the call before a later one could arrive.
+        if self.key == "name" and self.value_kind == "string" and self.name is None:
             name = _loads(value)
             self.name = name if isinstance(name, str) else None
         if self.key in ARGS_KEYS and self.args_start == self.value_start:
