@@ -1,5 +1,5 @@
-"""`POST /v1/responses`: validate, resolve history, translate, fit, generate, drive the event
-machine, and persist the result."""
+"""One response's course: validate, resolve history, translate, fit, generate, drive the
+event machine, and persist the result."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from openai.types.responses import ResponseStreamEvent
 
 from respd.engines.base import ChatMessage, Engine, SamplingParams
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, Unsupported
-from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.protocol.wire import wire
 from respd.service.generation import core
@@ -24,7 +23,7 @@ from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
 from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering, require_effective_input
-from respd.service.media.resolver import MediaResolver, MediaSettings
+from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
 from respd.service.models import ModelRegistry
 from respd.service.responses.events import ResponseEventMachine
@@ -206,25 +205,25 @@ def _check_state_params(req: CreateResponseRequest) -> None:
         )
 
 
-class ResponsesService:
-    """`POST /v1/responses` as an adapter over the generation core: the request and its
-    history become a `GenerationSpec`; the core's events drive the `ResponseEventMachine`."""
+class ResponseRunner:
+    """A response as an adapter over the generation core: the request and its history
+    become a `GenerationSpec`; the core's events drive the `ResponseEventMachine`."""
 
     def __init__(
         self,
         models: ModelRegistry,
         store: Store,
-        media: MediaSettings | None = None,
+        media: MediaResolver,
+        sealer: Sealer,
         *,
         default_max_tokens: int | None = None,
         runs: core.ActiveRuns | None = None,
         limits: InputLimits | None = None,
-        sealer: Sealer | None = None,
     ) -> None:
         self.models = models
-        self.sealer = sealer or Sealer.random()
+        self.sealer = sealer
         self.store = store
-        self.media = MediaResolver(store, media)
+        self.media = media
         self.default_max_tokens = default_max_tokens
         self.runs = runs
         self.limits = limits or InputLimits()
@@ -413,17 +412,6 @@ class ResponsesService:
                 if event.type in TERMINAL_EVENTS:
                     await self.persist(prepared, machine)
                 yield event
-
-    async def count_input_tokens(self, body: InputTokensRequest, owner: str) -> int:
-        """The prompt `create` would send the engine for this body, counted exactly (the
-        same `prepare`, so it equals the created response's `usage.input_tokens`)."""
-        # Only the fields a count takes; anything else in the body is ignored, as by create.
-        ignored = {"personality", *(body.model_extra or {})}
-        fields = body.model_dump(exclude_none=True, by_alias=True, exclude=ignored)
-        fields["model"] = body.model or self.models.default().model_id
-        req = CreateResponseRequest.model_validate(fields)
-        prepared = await self.prepare(req, owner)
-        return prepared.prompt_tokens
 
     def run(
         self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None

@@ -39,7 +39,7 @@ from respd.service.reasoning.splitter import (
     split_all,
 )
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from respd.service.responses.translate import input_to_messages
 from respd.service.tools.parser import ToolCallParser
 from tests.sdk_types import strict_event, strict_response

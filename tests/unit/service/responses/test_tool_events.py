@@ -8,7 +8,7 @@ from respd.engines.families.tools import HERMES
 from respd.protocol.responses import CreateResponseRequest
 from respd.service.generation.output import Usage
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from respd.service.tools.parser import ToolCallParser
 from tests.sdk_types import strict_event, strict_response
 
