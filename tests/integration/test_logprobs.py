@@ -28,7 +28,7 @@ from respd.protocol.responses import CreateResponseRequest
 from respd.service.generation.output import Usage
 from respd.service.generation.reader import OutputReader
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from tests.servers import MODEL_ID, RespdServer, start_server
 
 PROMPT = "What is the capital of France?"

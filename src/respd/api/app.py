@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -33,15 +34,119 @@ from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
 from respd.service.generation.core import ActiveRuns
 from respd.service.limits import InputLimits
-from respd.service.media.resolver import MediaSettings
+from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
-from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.service import ResponsesService
-from respd.service.responses.stored import StoredResponses
 from respd.service.sealing import Sealer
 from respd.store import MemoryStore, Store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
 from respd.store.retention import purge_periodically
+
+
+@dataclass
+class Services:
+    """What the routes call, over collaborators built once and shared: the store, the
+    media resolver (and its cache), the sealer, the running generations."""
+
+    responses: ResponsesService
+    conversations: ConversationsService
+    files: FilesService
+    chat: ChatService
+    media: MediaResolver
+    runs: ActiveRuns
+
+
+def build_services(
+    models: ModelRegistry,
+    store: Store,
+    *,
+    default_max_tokens: int | None,
+    media: MediaSettings | None,
+    max_file_bytes: int,
+    job_lease_secs: float,
+    input_limits: InputLimits | None,
+    sealer: Sealer | None,
+) -> Services:
+    runs = ActiveRuns()
+    sealer = sealer or Sealer.random()
+    resolver = MediaResolver(store, media)
+    return Services(
+        responses=ResponsesService(
+            models,
+            store,
+            resolver,
+            sealer,
+            default_max_tokens=default_max_tokens,
+            runs=runs,
+            limits=input_limits,
+            lease_secs=job_lease_secs,
+        ),
+        conversations=ConversationsService(store, resolver, input_limits, sealer),
+        files=FilesService(store, max_file_bytes, resolver.cache),
+        chat=ChatService(
+            models, resolver, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
+        ),
+        media=resolver,
+        runs=runs,
+    )
+
+
+def _lifespan(
+    store: Store, responses: ResponsesService, purge_interval_secs: float
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """Open the store and the background jobs; purge expired state while serving; stop the
+    jobs, then close the store."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        build_sdk_types()
+        await store.open()
+        await responses.open()
+        purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
+        try:
+            yield
+        finally:
+            purge.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await purge
+            await responses.shutdown()
+            await store.close()
+
+    return lifespan
+
+
+def _install_routes(app: FastAPI) -> None:
+    install_error_handlers(app)
+    describe(app)
+    app.include_router(responses.router)
+    app.include_router(websocket.router)
+    app.include_router(conversations.router)
+    app.include_router(files.router)
+    app.include_router(chat.router)
+    app.include_router(model_routes.router)
+
+
+def _install_middleware(
+    app: FastAPI,
+    keys: KeyRing | None,
+    guard: GuardSettings | None,
+    quotas: QuotaSettings | None,
+) -> None:
+    # The last added runs first: request id, then the guard, CORS, and who is asking.
+    if quotas is not None and quotas.any:
+        app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
+    app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
+    if guard is not None and guard.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(guard.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=EXPOSED_HEADERS,
+        )
+    if guard is not None:
+        app.add_middleware(RequestGuard, settings=guard)
+    app.add_middleware(RequestIdMiddleware)
 
 
 def create_app(
@@ -66,74 +171,33 @@ def create_app(
     if not isinstance(models, ModelRegistry):
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
-    runs = ActiveRuns()
-    service = ResponsesService(
+    services = build_services(
         models,
         store,
-        media,
         default_max_tokens=default_max_tokens,
-        runs=runs,
-        limits=input_limits,
+        media=media,
+        max_file_bytes=max_file_bytes,
+        job_lease_secs=job_lease_secs,
+        input_limits=input_limits,
         sealer=sealer,
     )
-    jobs = BackgroundJobs(service, store, lease_secs=job_lease_secs)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        build_sdk_types()
-        await store.open()
-        await jobs.open()
-        purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
-        try:
-            yield
-        finally:
-            purge.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await purge
-            await jobs.shutdown()
-            await store.close()
-
+    runs = services.runs
+    lifespan = _lifespan(store, services.responses, purge_interval_secs)
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.models = models
     app.state.started_at = int(time.time())
     app.state.sse_keepalive = sse_keepalive
-    app.state.responses = service
-    app.state.background = jobs
-    app.state.stored = StoredResponses(store, jobs)
-    app.state.conversations = ConversationsService(
-        store, service.media, input_limits, service.sealer
-    )
-    app.state.files = FilesService(store, max_file_bytes, service.media.cache)
-    app.state.media_cache = service.media.cache
-    app.state.chat = ChatService(
-        models, service.media, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
-    )
+    app.state.responses = services.responses
+    app.state.stored = services.responses.stored
+    app.state.conversations = services.conversations
+    app.state.files = services.files
+    app.state.media_cache = services.media.cache
+    app.state.chat = services.chat
     app.state.quotas = KeyQuotas(quotas or QuotaSettings())
     app.state.runs = runs
-    install_error_handlers(app)
-    describe(app)
-    app.include_router(responses.router)
-    app.include_router(websocket.router)
-    app.include_router(conversations.router)
-    app.include_router(files.router)
-    app.include_router(chat.router)
-    app.include_router(model_routes.router)
-    # The last added runs first: request id, then the guard, CORS, and who is asking.
-    if quotas is not None and quotas.any:
-        app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
-    app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
-    if guard is not None and guard.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(guard.cors_origins),
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=EXPOSED_HEADERS,
-        )
-    if guard is not None:
-        app.add_middleware(RequestGuard, settings=guard)
-    app.add_middleware(RequestIdMiddleware)
-    install_metrics(app, models, store, runs, metrics_api_key, service.media.cache)
+    _install_routes(app)
+    _install_middleware(app, keys, guard, quotas)
+    install_metrics(app, models, store, runs, metrics_api_key, services.media.cache)
     if quotas is not None and quotas.tokens_per_minute:
         runs.observer = TokenAccounting(app.state.quotas, then=runs.observer)
     return app

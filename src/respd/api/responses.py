@@ -16,15 +16,13 @@ from respd.api.identity import owner_of
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
 from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
-from respd.protocol.errors import UpstreamFailed
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
-from respd.service.responses.background import BackgroundJobs
-from respd.service.responses.compaction import Compactor, CompactRequest, compaction_turn
-from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import PreparedResponse, ResponsesService
+from respd.service.responses.compaction import CompactRequest
+from respd.service.responses.service import Answer, EventStream, ResponsesService
 from respd.service.responses.stored import StoredResponses
+from respd.store.base import JSON
 
 router = APIRouter()
 
@@ -34,34 +32,9 @@ def _service(request: Request) -> ResponsesService:
     return service
 
 
-def _jobs(request: Request) -> BackgroundJobs:
-    jobs: BackgroundJobs = request.app.state.background
-    return jobs
-
-
 def _stored(request: Request) -> StoredResponses:
     stored: StoredResponses = request.app.state.stored
     return stored
-
-
-def _sse(
-    request: Request, events: AsyncGenerator[dict[str, Any], None], release: Callable[[], None]
-) -> EventStreamResponse:
-    """SSE frames of `events`; closing the response closes `events` at once and gives back
-    the stream slot (`release`) taken before any work started."""
-
-    async def frames() -> AsyncIterator[bytes]:
-        async with aclosing(events):
-            async for event in events:
-                yield sse_frame(event, event["type"])
-
-    return _frames_response(request, frames(), release)
-
-
-def _frames_response(
-    request: Request, frames: AsyncIterator[bytes], release: Callable[[], None]
-) -> EventStreamResponse:
-    return EventStreamResponse(frames, keepalive=request.app.state.sse_keepalive, on_close=release)
 
 
 # Events sent once per token: framed from a template per output item (see `DeltaFrames`).
@@ -75,13 +48,16 @@ DELTA_EVENTS = frozenset(
 
 
 class EventFrames:
-    """SSE frames of one response's live events: per-token deltas from a template of their
-    item's first delta, everything else dumped whole from its SDK object."""
+    """SSE frames of one response's events: per-token deltas from a template of their
+    item's first delta, everything else dumped whole from its SDK object (or as the JSON a
+    background job's log holds)."""
 
     def __init__(self) -> None:
         self._templates: dict[tuple[str, str, int], DeltaFrames] = {}
 
-    def frame(self, event: ResponseStreamEvent) -> bytes:
+    def frame(self, event: ResponseStreamEvent | JSON) -> bytes:
+        if isinstance(event, dict):
+            return sse_frame(event, event["type"])
         delta = getattr(event, "delta", None)
         plain = isinstance(delta, str) and not getattr(event, "logprobs", None)
         if plain and event.type in DELTA_EVENTS:
@@ -96,16 +72,31 @@ class EventFrames:
         return sse_frame(data, data["type"])
 
 
-async def _drain(events: AsyncGenerator[Any, None]) -> None:
-    async with aclosing(events):
-        async for _ in events:
-            pass
+def _sse(
+    request: Request,
+    events: AsyncGenerator[ResponseStreamEvent | JSON, None],
+    release: Callable[[], None] | None = None,
+) -> EventStreamResponse:
+    """SSE frames of `events`; closing the response closes `events` at once and gives back
+    the stream slot (`release`) taken before any work started."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        encoder = EventFrames()
+        async with aclosing(events):
+            async for event in events:
+                yield encoder.frame(event)
+
+    return EventStreamResponse(
+        frames(), keepalive=request.app.state.sse_keepalive, on_close=release
+    )
 
 
-async def _collect(service: ResponsesService, prepared: PreparedResponse) -> ResponseEventMachine:
-    machine = prepared.machine()
-    await _drain(service.respond(prepared, machine))
-    return machine
+def _framed(
+    request: Request, created: Answer | EventStream, release: Callable[[], None] | None = None
+) -> Response:
+    if isinstance(created, Answer):
+        return JSONResponse(created.response)
+    return _sse(request, created.events, release)
 
 
 @router.post("/v1/responses")
@@ -113,55 +104,19 @@ async def _collect(service: ResponsesService, prepared: PreparedResponse) -> Res
 async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await parse_body(request, CreateResponseRequest)
+    owner = owner_of(request)
     if body.stream:
         with stream_slot(request) as release:
-            return await _create_stream(request, service, body, release)
-    if compaction_turn(body.input):
-        run = await Compactor(service).start(body, owner_of(request))
-        await until_disconnect(request, _drain(run.events))
-        return JSONResponse(wire(run.machine.snapshot()))
-    prepared = await service.prepare(body, owner_of(request))
-    if body.background:
-        job = await _jobs(request).start(prepared)
-        return JSONResponse(wire(job.machine.snapshot()))
-    machine = await until_disconnect(request, _collect(service, prepared))
-    if machine.error_status is not None and machine.error is not None:
-        # An upstream's refusal or failure keeps its status (the response is stored failed).
-        raise UpstreamFailed(machine.error["message"], machine.error_status)
-    return JSONResponse(wire(machine.snapshot()))
-
-
-async def _create_stream(
-    request: Request,
-    service: ResponsesService,
-    body: CreateResponseRequest,
-    release: Callable[[], None],
-) -> EventStreamResponse:
-    stream: AsyncGenerator[ResponseStreamEvent, None]
-    if compaction_turn(body.input):
-        stream = (await Compactor(service).start(body, owner_of(request))).events
-    else:
-        prepared = await service.prepare(body, owner_of(request))
-        if body.background:
-            job = await _jobs(request).start(prepared)
-            # A background stream outlives its client: disconnecting stops only the follow.
-            return _sse(request, job.follow(after=-1), release)
-        stream = service.respond(prepared)  # admission errors (503) surface before any SSE
-
-    async def frames() -> AsyncIterator[bytes]:
-        encoder = EventFrames()
-        async with aclosing(stream):
-            async for event in stream:
-                yield encoder.frame(event)
-
-    return _frames_response(request, frames(), release)
+            return _framed(request, await service.create(body, owner), release)
+    created = await service.create(body, owner, until=lambda work: until_disconnect(request, work))
+    return _framed(request, created)
 
 
 @router.post("/v1/responses/compact")
 @router.post("/responses/compact", include_in_schema=False)
 async def compact_response(request: Request) -> dict[str, Any]:
     body = await parse_body(request, CompactRequest)
-    return await Compactor(_service(request)).compact(body, owner_of(request))
+    return await _service(request).compact(body, owner_of(request))
 
 
 @router.post("/v1/responses/input_tokens")

@@ -23,8 +23,7 @@ from respd.api.identity import owner_of
 from respd.protocol.errors import APIError, InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
-from respd.service.responses.compaction import Compactor, compaction_turn
-from respd.service.responses.service import ResponsesService, Turn
+from respd.service.responses.service import ResponsesService
 from respd.store.base import JSON
 
 router = APIRouter()
@@ -77,24 +76,18 @@ class SocketSession:
             )
             body = {**body, "input": [*prior, *items], "previous_response_id": None}
         req = validate_object(body, CreateResponseRequest, "websocket /v1/responses")
-        turn: Turn
-        if compaction_turn(req.input):
-            run = await Compactor(self.service).start(req, self.owner)
-            turn, machine, stream = run.turn, run.machine, run.events
-        else:
-            prepared = await self.service.prepare(req, self.owner)
-            machine = prepared.machine()
-            turn, stream = prepared, self.service.respond(prepared, machine)
-        if prior:
-            machine.echo["previous_response_id"] = previous
-        async with aclosing(stream) as events:
+        created = await self.service.create(
+            req, self.owner, stream=True, continues=previous if prior else None
+        )
+        async with aclosing(created.events) as events:
             async for event in events:
-                await self.socket.send_json(wire(event))
+                await self.socket.send_json(event if isinstance(event, dict) else wire(event))
         # A stored response is continued from the store like over HTTP; an unstored one
         # only from here.
-        if not turn.stored and machine.status in ("completed", "incomplete"):
-            history = [*turn.history.items, *turn.input_items, *machine.output]
-            self.histories[machine.id] = history
+        kept = created.continuation()
+        if kept is not None:
+            response_id, history = kept
+            self.histories[response_id] = history
             while len(self.histories) > MAX_CACHED:
                 self.histories.pop(next(iter(self.histories)))
 

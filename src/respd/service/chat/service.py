@@ -1,6 +1,6 @@
 """`POST /v1/chat/completions` as an adapter over the generation core: `messages` become a
 `GenerationSpec`; the core's events become content, reasoning and tool-call deltas and one
-final `ChatResult`."""
+final `ChatResult`, and those the completion, or the chunks of its stream in order."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from respd.engines.base import TokenLogprob, ToolCall
 from respd.protocol.chat import ChatCompletionRequest
-from respd.protocol.errors import InvalidRequest, Unsupported
+from respd.protocol.errors import APIError, InvalidRequest, ServerError, Unsupported, UpstreamFailed
 from respd.service.chat.translate import chat_messages
 from respd.service.generation import core
 from respd.service.generation.core import GenerationSpec, Params, PreparedGeneration
@@ -95,9 +95,27 @@ class ChatResult:
     status: int | None = None  # a remote engine's failure: the HTTP status it maps to
 
 
+@dataclass
+class TextChunk:
+    """A chunk whose delta is this content text alone (`ChatService.text_chunk`): the bulk
+    of a stream, one per token, left to the transport to frame as it finds cheapest."""
+
+    text: str
+
+
 ChatDelta = ContentDelta | ToolCallDelta | ReasoningDelta
+# A stream's pieces in order: chunks, plain text chunks, and its error's body, which ends it.
+ChatStreamItem = ChatCompletionChunk | TextChunk | dict[str, Any]
 FAILED = "The model failed while generating this completion."
 SHUT_DOWN = "The server shut down before this completion finished."
+
+
+def chat_error(result: ChatResult) -> APIError:
+    """The error of a failed generation: an upstream engine's keeps its status."""
+    if result.status is not None:
+        return UpstreamFailed(result.error or "", result.status)
+    status = 503 if result.error_code == "server_shutting_down" else 500
+    return ServerError(result.error or "", code=result.error_code, status_code=status)
 
 
 def _message(result: ChatResult) -> dict[str, Any]:
@@ -233,6 +251,49 @@ class ChatService:
                     yield ToolCallDelta(event.index, arguments=event.delta)
                 elif isinstance(event, CallFinished):
                     result.tool_calls[event.index].arguments = event.arguments
+
+    async def complete(self, prepared: PreparedChat) -> ChatCompletion:
+        """Admit and run the generation to its end: the completion, or its error raised."""
+        result = ChatResult()
+        async for item in self.generate(prepared):
+            if isinstance(item, ChatResult):
+                result = item
+        if result.error is not None:
+            raise chat_error(result)
+        return self.completion(prepared, result)
+
+    def stream(self, prepared: PreparedChat) -> AsyncGenerator[ChatStreamItem, None]:
+        """Admit the generation now (503 when the engine is full), then yield the stream's
+        chunks: the assistant's role first, the deltas, the finish (and usage, when asked
+        for); a failure once begun is the last item, as OpenAI sends it. Closing early
+        cancels the generation."""
+        return self._chunks(prepared, self.generate(prepared))
+
+    async def _chunks(
+        self, prepared: PreparedChat, stream: AsyncGenerator[ChatDelta | ChatResult, None]
+    ) -> AsyncGenerator[ChatStreamItem, None]:
+        yield self.chunk(prepared, delta={"role": "assistant", "content": ""})
+        async with aclosing(stream):
+            async for item in stream:
+                if isinstance(item, ChatResult) and item.error is not None:
+                    yield chat_error(item).body()
+                elif isinstance(item, ChatResult):
+                    yield self.chunk(prepared, delta={}, finish_reason=item.finish_reason)
+                    if prepared.include_usage:
+                        yield self.chunk(prepared, usage=self.usage(item))
+                elif isinstance(item, ToolCallDelta):
+                    yield self.chunk(prepared, delta=item.as_delta())
+                elif isinstance(item, ReasoningDelta):
+                    delta = {"reasoning_content": item.text}  # the vLLM / llama-server field
+                    yield self.chunk(prepared, delta=delta)
+                elif item.logprobs is None:
+                    yield TextChunk(item.text)
+                else:
+                    yield self.chunk(prepared, delta={"content": item.text}, logprobs=item.logprobs)
+
+    def text_chunk(self, prepared: PreparedChat, text: str) -> ChatCompletionChunk:
+        """The chunk a `TextChunk` stands for."""
+        return self.chunk(prepared, delta={"content": text})
 
     def usage(self, result: ChatResult) -> dict[str, Any]:
         return {

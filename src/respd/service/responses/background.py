@@ -31,7 +31,7 @@ from openai.types.responses import ResponseStreamEvent
 from respd.protocol.wire import wire
 from respd.service.generation.output import Usage
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import PreparedResponse, ResponsesService
+from respd.service.responses.runner import PreparedResponse, ResponseRunner
 from respd.store.base import (
     DEFAULT_JOB_LEASE_SECS,
     JSON,
@@ -115,7 +115,7 @@ class Job:
 class BackgroundJobs:
     def __init__(
         self,
-        service: ResponsesService,
+        service: ResponseRunner,
         store: Store,
         *,
         lease_secs: float = DEFAULT_JOB_LEASE_SECS,

@@ -25,9 +25,9 @@ from respd.service.ids import new_id
 from respd.service.responses.events import ResponseEventMachine, usage_json
 from respd.service.responses.history import resolve_history
 from respd.service.responses.items import normalize_items
-from respd.service.responses.service import (
+from respd.service.responses.runner import (
     TERMINAL_EVENTS,
-    ResponsesService,
+    ResponseRunner,
     Turn,
     build_echo,
     request_sampling,
@@ -70,7 +70,7 @@ class CompactRequest(BaseModel):
 
 
 class Compactor:
-    def __init__(self, service: ResponsesService) -> None:
+    def __init__(self, service: ResponseRunner) -> None:
         self.service = service
 
     async def compact(self, body: CompactRequest, owner: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from respd.service.generation.thinking import (
 from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from respd.service.responses.translate import input_to_messages
 from tests.sdk_types import strict_event, strict_response
 

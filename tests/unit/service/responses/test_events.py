@@ -10,7 +10,7 @@ from respd.protocol.responses import CreateResponseRequest
 from respd.service.generation.output import Usage
 from respd.service.generation.stops import StopMatcher
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from tests.sdk_types import strict_event, strict_response
 
 

@@ -9,7 +9,7 @@ from respd.protocol.responses import CreateResponseRequest
 from respd.service.generation.output import Usage
 from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.service import build_echo
+from respd.service.responses.runner import build_echo
 from tests.sdk_types import strict_event, strict_response
 
 OUTPUT = (

@@ -1,0 +1,442 @@
+"""One response's course: validate, resolve history, translate, fit, generate, drive the
+event machine, and persist the result."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from openai.types.responses import ResponseStreamEvent
+
+from respd.engines.base import ChatMessage, Engine, SamplingParams
+from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, Unsupported
+from respd.protocol.responses import CreateResponseRequest, check_include
+from respd.protocol.wire import wire
+from respd.service.generation import core
+from respd.service.generation.core import GenerationSpec, Params, PreparedGeneration
+from respd.service.generation.logprobs import check_top_logprobs
+from respd.service.generation.output import Finished, Started
+from respd.service.generation.sampling import build_sampling
+from respd.service.generation.structured import responses_answer_schema
+from respd.service.limits import InputLimits
+from respd.service.media.lowering import Lowering, require_effective_input
+from respd.service.media.resolver import MediaResolver
+from respd.service.metadata import check_metadata
+from respd.service.models import ModelRegistry
+from respd.service.responses.events import ResponseEventMachine
+from respd.service.responses.history import History, resolve_history
+from respd.service.responses.items import normalize_items
+from respd.service.responses.summary import (
+    compaction_item,
+    compaction_threshold,
+    split_for_compaction,
+    summarize,
+)
+from respd.service.responses.translate import check_item_shapes, input_to_messages, summary_turn
+from respd.service.sealing import Sealer
+from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
+from respd.store.base import JSON, ResponseRecord, Store
+
+log = logging.getLogger(__name__)
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+SUMMARY_MODES = frozenset({"auto", "concise", "detailed"})
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+@dataclass
+class Turn:
+    """A response's place in the stored state: who asked, what it continues and what
+    its input adds."""
+
+    request: CreateResponseRequest
+    owner: str
+    input_items: list[JSON]  # this turn's input, normalised, with ids
+    history: History
+
+    @property
+    def stored(self) -> bool:
+        return self.request.store is not False
+
+
+@dataclass
+class PreparedResponse(Turn):
+    """Everything needed to run a response, computed before the first event."""
+
+    generation: PreparedGeneration = field(kw_only=True)
+    echo: dict[str, Any] = field(kw_only=True)
+    routes: dict[str, ToolRoute] = field(default_factory=dict, kw_only=True)
+    # set when reasoning is to carry `encrypted_content`
+    sealer: Sealer | None = field(default=None, kw_only=True)
+    # items made before generating (automatic compaction), first in the output
+    lead: list[JSON] = field(default_factory=list, kw_only=True)
+
+    def machine(self, **fields: Any) -> ResponseEventMachine:
+        """The event machine for this response: its echo, how its calls map back, whether
+        its reasoning is sealed for the client and summarised."""
+        sealer = self.sealer
+        seal = (lambda text: sealer.seal("reasoning", {"text": text})) if sealer else None
+        reasoning = self.request.reasoning
+        summary = (reasoning.summary or reasoning.generate_summary) if reasoning else None
+        return ResponseEventMachine(
+            self.echo,
+            routes=self.routes,
+            seal_reasoning=seal,
+            reasoning_summary=summary if summary in SUMMARY_MODES else None,
+            **fields,
+        )
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.generation.prompt_tokens
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """The conversation the prompt holds (after truncation)."""
+        return self.generation.prompt.messages
+
+
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def _reject_unimplemented(req: CreateResponseRequest) -> None:
+    """Fields whose behaviour is not built yet: a 400 that names them, never silence."""
+    if req.prompt is not None:
+        raise Unsupported("Stored prompt templates are not supported.", param="prompt")
+    check_include(req.include or [])
+    check_top_logprobs(req.top_logprobs)
+
+
+def responses_logprobs(req: CreateResponseRequest) -> int | None:
+    """The engine's `logprobs` setting: on (with `top_logprobs` alternatives, default 0)
+    only when `include` asks for `message.output_text.logprobs`, as on OpenAI."""
+    if LOGPROBS_INCLUDE not in (req.include or []):
+        return None
+    return req.top_logprobs or 0
+
+
+def _echo_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tools as sent, function tools with `strict` as OpenAI echoes it (default true)."""
+    out = []
+    for tool in tools or []:
+        if isinstance(tool, dict) and tool.get("type") == "function" and tool.get("strict") is None:
+            tool = {**tool, "strict": True}
+        out.append(tool)
+    return out
+
+
+def build_echo(
+    req: CreateResponseRequest,
+    sampling: SamplingParams,
+    engine: Engine,
+    conversation_id: str | None = None,
+) -> dict[str, Any]:
+    """The request settings a Response object repeats, in OpenAI's field order; sampling
+    the request left to the engine is echoed as the engine applies it."""
+    defaults = engine.default_sampling
+    text_format = (
+        req.text.format.model_dump(by_alias=True, exclude_none=True)
+        if (req.text and req.text.format)
+        else {"type": "text"}
+    )
+    return {
+        "background": bool(req.background),
+        "conversation": {"id": conversation_id} if conversation_id else None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": req.max_tool_calls,
+        "model": engine.model_id,
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "prompt_cache_key": req.prompt_cache_key,
+        "prompt_cache_retention": req.prompt_cache_retention,
+        "reasoning": {
+            "effort": req.reasoning.effort if req.reasoning else None,
+            "summary": req.reasoning.summary if req.reasoning else None,
+        },
+        "safety_identifier": req.safety_identifier,
+        "service_tier": "default",
+        "store": True if req.store is None else req.store,
+        "temperature": (
+            defaults.get("temperature", 1.0)
+            if sampling.temperature is None
+            else sampling.temperature
+        ),
+        "text": {
+            "format": text_format,
+            "verbosity": (req.text.verbosity if req.text else None) or "medium",
+        },
+        "tool_choice": req.tool_choice or "auto",
+        "tools": _echo_tools(req.tools),
+        "top_logprobs": req.top_logprobs or 0,
+        "top_p": defaults.get("top_p", 1.0) if sampling.top_p is None else sampling.top_p,
+        "truncation": req.truncation or "disabled",
+        "user": req.user,
+        "metadata": req.metadata or {},
+        "frequency_penalty": sampling.frequency_penalty,
+        "presence_penalty": sampling.presence_penalty,
+    }
+
+
+def request_sampling(req: CreateResponseRequest, default_max_tokens: int | None) -> SamplingParams:
+    return build_sampling(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        max_tokens=req.max_output_tokens,
+        max_tokens_param="max_output_tokens",
+        default_max_tokens=default_max_tokens,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+    )
+
+
+def _check_state_params(req: CreateResponseRequest) -> None:
+    if req.background and req.store is False:
+        raise InvalidRequest(
+            "Background responses must be stored: 'background' requires 'store' to be true.",
+            param="background",
+            code="invalid_value",
+        )
+
+
+class ResponseRunner:
+    """A response as an adapter over the generation core: the request and its history
+    become a `GenerationSpec`; the core's events drive the `ResponseEventMachine`."""
+
+    def __init__(
+        self,
+        models: ModelRegistry,
+        store: Store,
+        media: MediaResolver,
+        sealer: Sealer,
+        *,
+        default_max_tokens: int | None = None,
+        runs: core.ActiveRuns | None = None,
+        limits: InputLimits | None = None,
+    ) -> None:
+        self.models = models
+        self.sealer = sealer
+        self.store = store
+        self.media = media
+        self.default_max_tokens = default_max_tokens
+        self.runs = runs
+        self.limits = limits or InputLimits()
+
+    def checked_engine(self, req: CreateResponseRequest) -> Engine:
+        """The engine of the request's model, after the checks that need no history
+        (sizes, item shapes, metadata, fields not built, state settings)."""
+        self.limits.check(req.input, req.instructions, req.tools, items_param="input")
+        self.limits.check_max_tokens(req.max_output_tokens, "max_output_tokens")
+        engine = self.models.get(req.model)
+        check_item_shapes(req.input)
+        check_metadata(req.metadata)
+        _reject_unimplemented(req)
+        _check_state_params(req)
+        return engine
+
+    async def context(
+        self,
+        engine: Engine,
+        req: CreateResponseRequest,
+        owner: str,
+        items: str | list[JSON] | None,
+    ) -> tuple[History, list[ChatMessage]]:
+        """The history the request continues, and the prompt's turns: that history, then
+        `items` (the request's input, or what of it the model reads)."""
+        history = await resolve_history(
+            self.store,
+            owner,
+            previous_response_id=req.previous_response_id,
+            conversation=req.conversation,
+        )
+        return history, await self.conversation(engine, owner, history, items, req.instructions)
+
+    async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
+        """Everything up to the first event; raises (and stores nothing) on a bad request."""
+        engine = self.checked_engine(req)
+        sampling = request_sampling(req, self.default_max_tokens)
+        sampling.logprobs = responses_logprobs(req)
+        offered = responses_tools(req.tools, engine.check_schema)
+        if offered.omitted:
+            log.warning(
+                "hosted tools left out of the prompt (not run by this server): %s",
+                ", ".join(offered.omitted),
+            )
+        tools = offered.tools
+        policy = responses_tool_choice(req.tool_choice, tools)
+        if req.max_tool_calls is not None and req.max_tool_calls < 1:
+            raise InvalidRequest(
+                "Invalid 'max_tool_calls': expected a value >= 1.",
+                param="max_tool_calls",
+                code="integer_below_min_value",
+            )
+        policy = replace(
+            policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
+        )
+        answer = responses_answer_schema(req.text.format if req.text else None, engine.check_schema)
+        history, messages = await self.context(engine, req, owner, req.input)
+        spec = GenerationSpec(
+            messages=messages,
+            sampling=sampling,
+            tools=tools,
+            policy=policy,
+            answer_schema=answer,
+            reasoning_effort=req.reasoning.effort if req.reasoning else None,
+            truncate=req.truncation == "auto",
+            cache_key=req.prompt_cache_key or req.user,
+            params=Params(),
+        )
+        generation, lead = await self._fit(engine, spec, req.context_management)
+        echo = build_echo(req, sampling, engine, history.conversation_id)
+        return PreparedResponse(
+            req,
+            owner,
+            normalize_items(req.input),
+            history,
+            generation=generation,
+            echo=echo,
+            routes=offered.routes,
+            sealer=self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
+            lead=lead,
+        )
+
+    async def _fit(
+        self, engine: Engine, spec: GenerationSpec, management: list[JSON] | None
+    ) -> tuple[PreparedGeneration, list[JSON]]:
+        """The generation; with `context_management` compaction, a prompt over its
+        threshold (or over the context) first has the turns before its last user turn
+        replaced by the model's summary, whose compaction item leads the output."""
+        threshold = compaction_threshold(management, engine.context_window)
+        generation: PreparedGeneration | None = None
+        try:
+            generation = await core.prepare(engine, spec)
+        except ContextLengthExceeded:
+            if threshold is None:
+                raise
+        if generation is not None and (threshold is None or generation.prompt_tokens <= threshold):
+            return generation, []
+        parts = split_for_compaction(spec.messages)
+        if parts is None:  # nothing to replace: as it is (or its error)
+            return generation or await core.prepare(engine, spec), []
+        system, replaced, kept = parts
+        summary = await summarize(engine, replaced, self.runs)
+        spec = replace(spec, messages=[*system, summary_turn(summary.text), *kept])
+        return await core.prepare(engine, spec), [compaction_item(self.sealer, summary.text)]
+
+    async def conversation(
+        self,
+        engine: Engine,
+        owner: str,
+        history: History,
+        items: str | list[JSON] | None,
+        instructions: str | None,
+    ) -> list[ChatMessage]:
+        """The prompt's turns: the history, then this request's items, after the
+        instructions; a conversation with nothing to answer is a 400."""
+        # Media first (fetch, decode, check: async), then the pure translation. History is
+        # resolved again from its stored wire shape, so a replay lowers exactly as before.
+        past_media = await self.media.resolve_items(history.items, owner)
+        input_media = await self.media.resolve_items(items, owner)
+        past = input_to_messages(
+            history.items,
+            lowering=Lowering.for_engine(engine, past_media, self.media.settings),
+            sealer=self.sealer,
+        )
+        messages = past + input_to_messages(
+            items,
+            prior=past,
+            lowering=Lowering.for_engine(engine, input_media, self.media.settings),
+            sealer=self.sealer,
+        )
+        if instructions:
+            messages.insert(0, ChatMessage("system", instructions))
+        require_effective_input(messages)
+        return messages
+
+    def record(self, prepared: Turn, machine: ResponseEventMachine) -> ResponseRecord:
+        return ResponseRecord(
+            id=machine.id,
+            owner=prepared.owner,
+            created_at=machine.created_at,
+            status=machine.status,
+            background=bool(prepared.request.background),
+            response=wire(machine.snapshot()),
+            input_items=prepared.input_items,
+            previous_response_id=prepared.request.previous_response_id,
+            conversation_id=prepared.history.conversation_id,
+        )
+
+    async def persist(
+        self,
+        prepared: Turn,
+        machine: ResponseEventMachine,
+        events: list[JSON] | None = None,
+    ) -> None:
+        """Store a finished response, append its turn to its conversation, in one write.
+
+        `store: false` responses are not kept, but their turn still joins the conversation
+        (the conversation is the state the client asked to keep)."""
+        conv_id = prepared.history.conversation_id
+        conversation = (conv_id, prepared.input_items + machine.output) if conv_id else None
+        if prepared.stored:
+            await self.store.save_response(
+                self.record(prepared, machine), conversation=conversation, events=events
+            )
+        elif conversation is not None:
+            await self.store.add_conversation_items(prepared.owner, *conversation)
+
+    def respond(
+        self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        """`run`, persisting the response before its terminal event leaves, so a client
+        that saw `response.completed` can retrieve or chain it at once. A client that
+        disconnects closes this iterator: the generation stops and nothing is stored.
+        Admission happens now, so a full engine is a 503 before any event."""
+        machine = machine or prepared.machine()
+        return self._persisting(prepared, machine, self.run(prepared, machine))
+
+    async def _persisting(
+        self,
+        prepared: PreparedResponse,
+        machine: ResponseEventMachine,
+        events: AsyncGenerator[ResponseStreamEvent, None],
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        async with aclosing(events):
+            async for event in events:
+                if event.type in TERMINAL_EVENTS:
+                    await self.persist(prepared, machine)
+                yield event
+
+    def run(
+        self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        """Admit the generation now (a full engine is a 503 here, before any event) and
+        return the events; closing the iterator cancels the generation."""
+        generation = core.run(prepared.generation, self.runs)
+        return self._events(machine or prepared.machine(), generation, prepared.lead)
+
+    async def _events(
+        self, machine: ResponseEventMachine, generation: core.Run, lead: list[JSON]
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        async with aclosing(generation):
+            for event in machine.start():
+                yield event
+            for made in lead:
+                for event in machine.whole_item(made):
+                    yield event
+            async for item in generation:
+                machine.generated_tokens = generation.produced
+                if isinstance(item, Finished):
+                    events = machine.end(item)
+                elif isinstance(item, Started):
+                    events = machine.begin()
+                else:
+                    events = machine.apply(item)
+                for event in events:
+                    yield event
