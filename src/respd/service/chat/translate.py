@@ -66,20 +66,19 @@ def chat_messages(messages: list[dict[str, Any]], low: Lowering) -> list[ChatMes
                     param=f"{param}.tool_call_id",
                     code="invalid_value",
                 )
-            text, image_turns = lower_tool_output(content, f"{param}.content", low)
-            out.append(ChatMessage("tool", text, tool_call_id=call_id, name=names[call_id]))
-            out += image_turns
+            parts = lower_tool_output(content, f"{param}.content", low)
+            out.append(ChatMessage("tool", parts, tool_call_id=call_id, name=names[call_id]))
             continue
         names.update((c.id, c.name) for c in calls)
         reasoning = msg.get("reasoning_content") if role == "assistant" else None
-        turns = lower_message(
+        turn = lower_message(
             "system" if role == "developer" else role,
             "" if content is None else content,
             f"{param}.content",
             low,
         )
-        turns[0].tool_calls = calls
+        turn.tool_calls = calls
         if isinstance(reasoning, str) and reasoning:
-            turns[0].reasoning = reasoning
-        out += turns
+            turn.reasoning = reasoning
+        out.append(turn)
     return out
