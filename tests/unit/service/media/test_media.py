@@ -34,6 +34,7 @@ from respd.store import MemoryStore
 from respd.store.base import FileRecord
 from tests.servers import TEMPLATES
 
+
 def png(color: str = "red", size: tuple[int, int] = (32, 32), fmt: str = "PNG") -> bytes:
     buf = io.BytesIO()
     PILImage.new("RGB", size, color).save(buf, format=fmt)
@@ -161,7 +162,9 @@ def test_function_output_image_stays_after_tool_result() -> None:
     assert len(follow.images) == 1 and text(follow) == MARKER
     # Rendered through a tool template, the tool text comes before the image's marker.
     template = ChatTemplate((TEMPLATES / "qwen.jinja").read_text())
-    prompt = template.render([m.as_template_dict(MARKER) for m in messages], add_generation_prompt=True)
+    prompt = template.render(
+        [m.as_template_dict(MARKER) for m in messages], add_generation_prompt=True
+    )
     assert prompt.count(MARKER) == 1
     assert prompt.index("done") < prompt.index(ATTACHED_LINE) < prompt.index(MARKER)
 

@@ -28,6 +28,7 @@ from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
 from tests.unit.conftest import FAKE_MODEL
 
+
 def png(color: str = "red", size: tuple[int, int] = (64, 48)) -> bytes:
     buf = io.BytesIO()
     PILImage.new("RGB", size, color).save(buf, format="PNG")
@@ -125,9 +126,7 @@ def test_without_the_fallback_the_400_stays() -> None:
 def test_a_vision_model_still_gets_the_image() -> None:
     items = [user(image())]
     media = asyncio.run(MediaResolver(MemoryStore()).resolve_items(items, "owner"))
-    [msg] = input_to_messages(
-        items, lowering=Lowering("m", True, media, image_placeholders=True)
-    )
+    [msg] = input_to_messages(items, lowering=Lowering("m", True, media, image_placeholders=True))
     assert msg.content == msg.images and len(msg.images) == 1
 
 
