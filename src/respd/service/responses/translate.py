@@ -280,7 +280,8 @@ def _client_output(
 def _add_call(call: ToolCall, messages: list[ChatMessage]) -> None:
     """Consecutive calls share one assistant turn."""
     last = messages[-1] if messages else None
-    if last is not None and last.role == "assistant" and (last.tool_calls or not last.content):
+    empty = last is not None and not (last.text or last.images)
+    if last is not None and last.role == "assistant" and (last.tool_calls or empty):
         last.tool_calls.append(call)
     else:
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
