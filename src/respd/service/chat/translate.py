@@ -1,6 +1,5 @@
 """Chat Completions `messages` → the canonical conversation, media lowered as for Responses:
-images on user turns stay in place, those of other turns (tool results included) move to a
-following user turn."""
+each turn's images stay in place among its texts (tool results included)."""
 
 from __future__ import annotations
 
