@@ -73,7 +73,8 @@ class _UpstreamStream:
     def cancel(self) -> None:
         """Close the upstream request soon; the stream then ends with a `cancelled` done.
         A reader waiting on the network is woken the way `asyncio.timeout` wakes one: its
-        task is cancelled, and the stream takes that cancellation back."""
+        task is cancelled, and the stream takes that cancellation back. Called on the
+        event loop's thread, like every use of the stream."""
         if self._cancelled:
             return
         self._cancelled = True
