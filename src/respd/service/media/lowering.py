@@ -2,11 +2,11 @@
 
 Media parts arrive already resolved (`resolver.py` fetched, decoded and checked them, keyed
 by part path), so everything here is pure. A turn's texts and images stay in the order
-given, as its parts (where an image may go, and how it is written, is each engine's
-business); tool-output parts of no known type stay as one line of JSON; files become
-`<file name="…">` text blocks. A model without image input
-refuses images with a 400, or, with `--image-input-fallback placeholder`, reads one line of
-text in each one's place (`placeholder`).
+given, as its parts (which turns may hold images, and how one is written down, is each
+engine's business); tool-output parts of no known type stay as one line of JSON; files
+become `<file name="…">` text blocks. A model without image input refuses images with a
+400, or, with `--image-input-fallback placeholder`, reads one line of text in each one's
+place (`placeholder`).
 """
 
 from __future__ import annotations
