@@ -45,7 +45,6 @@ from respd.engines.base import (  # noqa: E402
     SamplingParams,
     TokenChunk,
 )
-from respd.engines.families.profile import MEDIA_MARKER  # noqa: E402
 from respd.engines.llamacpp import LlamaCppEngine  # noqa: E402
 
 Mode = Literal["inline", "background"]
@@ -188,9 +187,7 @@ async def run_phase(
         assert image is not None
         while min(len(s) for s in phase.stamps) < lead:
             await asyncio.sleep(0.005)
-        prompt = engine.render_prompt(
-            [ChatMessage("user", f"Describe this.\n{MEDIA_MARKER}", images=[image])]
-        )
+        prompt = engine.render_prompt([ChatMessage("user", ["Describe this.", image])])
         # Tokenized first (the server does it before admission too, off the worker).
         tokens = await asyncio.to_thread(engine.tokenize, prompt, [image])
         sent = time.monotonic()

@@ -23,9 +23,9 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, GenerationDone, Image, SamplingParams, TokenChunk
-from respd.engines.families.profile import MEDIA_MARKER
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.slots import common_prefix
+from respd.engines.prompting import MEDIA_MARKER
 from tests.servers import MODEL_ID, RespdServer, free_port, start_server
 from tests.vision_fixture import IMAGE_TOKENS, png_bytes, write_projector
 
@@ -56,7 +56,7 @@ def engine(mmproj: Path) -> Iterator[LlamaCppEngine]:
 
 def image_prompt(engine: LlamaCppEngine, image: Image, text: str = QUESTION) -> list[int]:
     """The SmolLM2 chat prompt of one user turn: the text, then the image on its own line."""
-    prompt = engine.render_prompt([ChatMessage("user", f"{text}\n{MEDIA_MARKER}", images=[image])])
+    prompt = engine.render_prompt([ChatMessage("user", [text, image])])
     return engine.tokenize(prompt, [image])
 
 
@@ -92,10 +92,8 @@ def generate(
 
 
 def test_an_image_takes_its_projector_token_count(engine: LlamaCppEngine) -> None:
-    assert engine.vision and engine.profile.media_marker == "<__media__>"
-    with_image = engine.tokenize(
-        engine.render_prompt([ChatMessage("user", MEDIA_MARKER, images=[RED])]), [RED]
-    )
+    assert engine.vision and engine.prompter.marker == "<__media__>"
+    with_image = engine.tokenize(engine.render_prompt([ChatMessage("user", [RED])]), [RED])
     # The marker sits between special tokens, so the text around it tokenizes as without it.
     text_only = engine.tokenize(engine.render_prompt([ChatMessage("user", "")]))
     assert len(with_image) == len(text_only) + IMAGE_TOKENS
@@ -114,9 +112,7 @@ def test_an_image_takes_its_projector_token_count(engine: LlamaCppEngine) -> Non
 
 
 def test_two_images_in_one_prompt(engine: LlamaCppEngine) -> None:
-    prompt = engine.render_prompt(
-        [ChatMessage("user", f"Compare\n{MEDIA_MARKER}\nwith\n{MEDIA_MARKER}", images=[RED, BLUE])]
-    )
+    prompt = engine.render_prompt([ChatMessage("user", ["Compare", RED, "with", BLUE])])
     tokens = engine.tokenize(prompt, [RED, BLUE])
     assert sum(1 for t in tokens if t < 0) == 2 * IMAGE_TOKENS
     [(_, done)] = generate(engine, [(tokens, [RED, BLUE])], max_tokens=4)

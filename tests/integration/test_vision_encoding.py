@@ -20,7 +20,6 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, GenerationDone, Image, SamplingParams, TokenChunk
-from respd.engines.families.profile import MEDIA_MARKER
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector
 from tests.integration.engines.output import Output, collect
@@ -72,8 +71,7 @@ def projector(engine: LlamaCppEngine) -> Projector:
 
 
 def image_prompt(engine: LlamaCppEngine, images: Sequence[Image], text: str) -> Any:
-    markers = "\n".join(MEDIA_MARKER for _ in images)
-    rendered = engine.render_prompt([ChatMessage("user", f"{text}\n{markers}", images=images)])
+    rendered = engine.render_prompt([ChatMessage("user", [text, *images])])
     return engine.prompt_of(engine.tokenize(rendered, images), images)
 
 

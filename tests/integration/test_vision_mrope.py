@@ -24,8 +24,8 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, Image, SamplingParams
-from respd.engines.families.profile import MEDIA_MARKER
 from respd.engines.llamacpp import LlamaCppEngine
+from respd.engines.prompting import MEDIA_MARKER
 from tests.integration.engines.output import Output, capture_first_logits, collect
 from tests.qwen2vl_fixture import TOKEN_SIDE, write_qwen2vl_model, write_qwen2vl_projector
 from tests.servers import RespdServer, start_server
@@ -62,9 +62,7 @@ def prompt_of(
 ) -> list[int]:
     """One user turn: `text`, then each image on its own line, then `after`."""
     content = "\n".join([text, *(MEDIA_MARKER for _ in images)]) + after
-    return engine.tokenize(
-        engine.render_prompt([ChatMessage("user", content, images=list(images))]), images
-    )
+    return engine.tokenize(engine.render_prompt([ChatMessage("user", content)]), images)
 
 
 def run(
@@ -149,8 +147,7 @@ def test_logits_agree_with_llama_cpps_own_multimodal_evaluation(
     sequence ends at the same position: wrong positions after an image would move them."""
     rows = capture_first_logits(engine, monkeypatch)
     images = [RED, WIDE]
-    content = f"Compare\n{MEDIA_MARKER}\nand\n{MEDIA_MARKER}\nplease."
-    text = engine.render_prompt([ChatMessage("user", content, images=images)])
+    text = engine.render_prompt([ChatMessage("user", ["Compare", RED, "and", WIDE, "please."])])
     tokens = engine.tokenize(text, images)
     n_images = sum(c.n_tokens for im in images for c in engine._projector.image(im).chunks)  # type: ignore[union-attr]
     n_pos = sum(c.n_pos for im in images for c in engine._projector.image(im).chunks)  # type: ignore[union-attr]
@@ -197,7 +194,7 @@ def test_a_follow_up_turn_reuses_the_image_and_matches_a_fresh_prefill(
     """A second turn after an image continues the first turn's cache (image included) and
     decodes its new text at positions after the grid: its logits equal mtmd's evaluation of
     the whole conversation from scratch."""
-    turn1 = [ChatMessage("user", f"What is this?\n{MEDIA_MARKER}", images=[RED])]
+    turn1 = [ChatMessage("user", ["What is this?", RED])]
     text1 = engine.render_prompt(turn1)
     (answer,) = run(engine, [(engine.tokenize(text1, [RED]), [RED])])
     turn2 = [

@@ -22,7 +22,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.identity import Unauthorized, presented_key
-from respd.engines.base import Engine
+from respd.engines.base import Detail, Engine, detail_of
 from respd.service.generation.core import ActiveRuns, Api
 from respd.service.generation.output import Usage
 from respd.service.media.cache import MediaCache
@@ -50,7 +50,8 @@ def _slots(engine: Engine) -> int | None:
 
 
 class EngineCollector(Collector):
-    """The engines' slots and queues, read at scrape time."""
+    """The engines' slots and queues, and each engine's own counters (`EngineStats.details`,
+    exported as `engines.base.detail_of` names them), read at scrape time."""
 
     def __init__(self, models: ModelRegistry) -> None:
         self.models = models
@@ -65,36 +66,7 @@ class EngineCollector(Collector):
         total = GaugeMetricFamily(
             "respd_slots_total", "Generations the engine can run at once.", labels=["model"]
         )
-        restored = CounterMetricFamily(
-            "respd_kv_restored_tokens",
-            "Prompt tokens restored from saved KV states instead of prefilled.",
-            labels=["model"],
-        )
-        kv_bytes = GaugeMetricFamily(
-            "respd_kv_cache_bytes",
-            "Bytes of saved KV states the engine holds, by tier (ram, disk).",
-            labels=["model", "tier"],
-        )
-        drafted = CounterMetricFamily(
-            "respd_draft_tokens",
-            "Tokens guessed by speculative decoding and decoded for checking.",
-            labels=["model"],
-        )
-        accepted = CounterMetricFamily(
-            "respd_draft_accepted_tokens",
-            "Guessed tokens the sampler drew too (each saved a decode step).",
-            labels=["model"],
-        )
-        tokenized = CounterMetricFamily(
-            "respd_images_tokenized",
-            "Images the projector turned into chunks (not found in its cache).",
-            labels=["model"],
-        )
-        encoded = CounterMetricFamily(
-            "respd_image_chunks_encoded",
-            "Image chunks whose embeddings the vision encoder computed.",
-            labels=["model"],
-        )
+        details: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for engine in self.models:
             stats = engine.stats()
             queued.add_metric([engine.model_id], stats.queued)
@@ -102,15 +74,19 @@ class EngineCollector(Collector):
             slots = _slots(engine)
             if slots is not None:
                 total.add_metric([engine.model_id], slots)
-            restored.add_metric([engine.model_id], stats.kv_restored_tokens)
-            kv_bytes.add_metric([engine.model_id, "ram"], stats.kv_cache_ram_bytes)
-            kv_bytes.add_metric([engine.model_id, "disk"], stats.kv_cache_disk_bytes)
-            drafted.add_metric([engine.model_id], stats.draft_tokens)
-            accepted.add_metric([engine.model_id], stats.draft_accepted)
-            tokenized.add_metric([engine.model_id], stats.images_tokenized)
-            encoded.add_metric([engine.model_id], stats.image_chunks_encoded)
-        yield from (queued, active, total, restored, kv_bytes, drafted, accepted)
-        yield from (tokenized, encoded)
+            for key, value in stats.all_details().items():
+                detail = detail_of(key)
+                family = details.get(detail.metric)
+                if family is None:
+                    family = details[detail.metric] = _family(detail)
+                family.add_metric([engine.model_id, *(v for _, v in detail.labels)], value)
+        yield from (queued, active, total)
+        yield from details.values()
+
+
+def _family(detail: Detail) -> CounterMetricFamily | GaugeMetricFamily:
+    kind = GaugeMetricFamily if detail.gauge else CounterMetricFamily
+    return kind(detail.metric, detail.help, labels=["model", *(k for k, _ in detail.labels)])
 
 
 class MediaCacheCollector(Collector):

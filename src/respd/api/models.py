@@ -59,8 +59,8 @@ async def health(request: Request) -> JSONResponse:
     body: dict[str, Any] = {
         "status": "ok" if healthy else "unhealthy",
         "model": first.model_id,
-        "engine": asdict(stats[first.model_id]),
-        "engines": {model: asdict(s) for model, s in stats.items()},
+        "engine": stats[first.model_id].as_dict(),
+        "engines": {model: s.as_dict() for model, s in stats.items()},
     }
     cache: MediaCache | None = getattr(request.app.state, "media_cache", None)
     if cache is not None:  # input media kept by source: hits, misses, bytes, entries

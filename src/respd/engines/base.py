@@ -18,113 +18,18 @@ So everything the service hands over is engine-neutral: messages, tool definitio
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from respd.engines.constraints import Constraint
-    from respd.engines.families.profile import ModelProfile
+from respd.engines.constraints import Constraint
+from respd.engines.families.profile import ModelProfile
+
+# The conversation's values live below the protocol (constraints and families read them
+# too); callers know them as part of it, so they are re-exported here.
+from respd.engines.messages import ChatMessage, Image, ToolDefinition
+from respd.engines.messages import ToolCall as ToolCall
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-
-
-@dataclass
-class ToolCall:
-    """A function call the assistant made; `arguments` is the JSON text it produced."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def as_template_dict(self) -> dict[str, Any]:
-        # Hugging Face templates index `tool_call.function.arguments` and usually `tojson`
-        # it, so a parsed object renders as the model was trained; unparsable text stays text.
-        try:
-            args: Any = json.loads(self.arguments)
-        except ValueError:
-            args = self.arguments
-        if not isinstance(args, dict):
-            args = self.arguments
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": args},
-        }
-
-
-@dataclass(frozen=True)
-class ToolDefinition:
-    """A function the model may call: name, description and JSON-Schema parameters."""
-
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    def as_template_tool(self) -> dict[str, Any]:
-        """The Hugging Face shape chat templates (and Chat Completions) use."""
-        fn: dict[str, Any] = {"name": self.name}
-        if self.description:
-            fn["description"] = self.description
-        fn["parameters"] = self.parameters or {"type": "object", "properties": {}}
-        return {"type": "function", "function": fn}
-
-
-@dataclass(frozen=True, eq=False)
-class Image:
-    """An image for a vision model: the encoded file (PNG, JPEG, ...), already decoded from
-    its data URI / file / URL and checked by the service."""
-
-    data: bytes
-    mime_type: str = ""
-    # The client's resolution hint (`low` | `high` | `auto` | `original`); an engine may use
-    # it to pick how many tokens the image gets. It is not part of the digest.
-    detail: str = "auto"
-
-    @cached_property
-    def digest(self) -> str:
-        """Content hash: equal images share KV-cache prefixes whatever their source."""
-        return hashlib.sha256(self.data).hexdigest()
-
-
-@dataclass
-class ChatMessage:
-    """One turn of the canonical conversation the service builds from API input."""
-
-    role: str  # system | user | assistant | tool
-    content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)  # assistant turns
-    tool_call_id: str | None = None  # tool turns: the call this answers
-    name: str | None = None  # tool turns: the function that produced it
-    # Images of this turn, in order; each sits in `content` where the profile's
-    # `media_marker` appears (one marker per image).
-    images: list[Image] = field(default_factory=list)
-    # Assistant turns: reasoning text of this turn (from `reasoning` input items), for
-    # templates that render it (`reasoning_content`).
-    reasoning: str | None = None
-
-    def as_template_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [c.as_template_dict() for c in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None:
-            out["name"] = self.name
-        if self.reasoning is not None:
-            # Qwen3/DeepSeek-style templates read `reasoning_content`; Gemma-style `reasoning`.
-            out["reasoning_content"] = self.reasoning
-            out["reasoning"] = self.reasoning
-        return out
-
-
-def message_images(messages: Sequence[ChatMessage]) -> list[Image]:
-    """Every image of the conversation, in prompt order."""
-    return [image for m in messages for image in m.images]
 
 
 @dataclass
@@ -251,9 +156,69 @@ class Admitted:
 GenerationEvent = Admitted | TokenChunk | GenerationDone
 
 
+@dataclass(frozen=True)
+class Detail:
+    """How an engine-specific counter is exported: its Prometheus family (without
+    `_total`), what it counts, whether it is a level rather than a running total, and the
+    labels that set it apart within a family split by label."""
+
+    metric: str
+    help: str
+    gauge: bool = False
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+# The engine-specific counters respd knows by name (dashboards read them); every engine
+# reports them, as 0 where it has none, so the series and /health keys never change shape.
+DETAILS: dict[str, Detail] = {
+    # Saved KV states outliving their slot: prompt tokens restored from them (counted in
+    # `cached_tokens` too), and the bytes the RAM and disk tiers hold.
+    "kv_restored_tokens": Detail(
+        "respd_kv_restored_tokens",
+        "Prompt tokens restored from saved KV states instead of prefilled.",
+    ),
+    "kv_cache_ram_bytes": Detail(
+        "respd_kv_cache_bytes",
+        "Bytes of saved KV states the engine holds, by tier (ram, disk).",
+        gauge=True,
+        labels=(("tier", "ram"),),
+    ),
+    "kv_cache_disk_bytes": Detail(
+        "respd_kv_cache_bytes",
+        "Bytes of saved KV states the engine holds, by tier (ram, disk).",
+        gauge=True,
+        labels=(("tier", "disk"),),
+    ),
+    # Speculative decoding: draft tokens decoded, and those the sampler then chose too.
+    "draft_tokens": Detail(
+        "respd_draft_tokens", "Tokens guessed by speculative decoding and decoded for checking."
+    ),
+    "draft_accepted": Detail(
+        "respd_draft_accepted_tokens",
+        "Guessed tokens the sampler drew too (each saved a decode step).",
+    ),
+    # Image work: images tokenized into chunks by the projector (not found in its cache),
+    # and image chunks whose embeddings the vision encoder computed.
+    "images_tokenized": Detail(
+        "respd_images_tokenized",
+        "Images the projector turned into chunks (not found in its cache).",
+    ),
+    "image_chunks_encoded": Detail(
+        "respd_image_chunks_encoded",
+        "Image chunks whose embeddings the vision encoder computed.",
+    ),
+}
+
+
+def detail_of(key: str) -> Detail:
+    """How `key` is exported: as `DETAILS` says, or as a gauge named after it."""
+    return DETAILS.get(key) or Detail(f"respd_engine_{key}", f"Engine counter {key}.", True)
+
+
 @dataclass
 class EngineStats:
-    """Counters for /health, /metrics and tests."""
+    """Counters for /health, /metrics and tests: those every engine keeps, and in
+    `details` the engine's own (speculation, KV tiers, image work, ...)."""
 
     running: int = 0
     queued: int = 0
@@ -263,21 +228,23 @@ class EngineStats:
     generated_tokens: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
-    # Speculative decoding: draft tokens decoded, and those the sampler then chose too.
-    draft_tokens: int = 0
-    draft_accepted: int = 0
-    # Saved KV states outliving their slot: prompt tokens restored from them (counted in
-    # `cached_tokens` too), and the bytes the RAM and disk tiers hold.
-    kv_restored_tokens: int = 0
-    kv_cache_ram_bytes: int = 0
-    kv_cache_disk_bytes: int = 0
-    # Image work: images tokenized into chunks by the projector (not found in its cache),
-    # and image chunks whose embeddings the vision encoder computed.
-    images_tokenized: int = 0
-    image_chunks_encoded: int = 0
     # False when the engine cannot serve any more (its worker died, the upstream is gone).
     healthy: bool = True
     problem: str | None = None
+    details: dict[str, int | float] = field(default_factory=dict)
+
+    def add(self, key: str, amount: int | float) -> None:
+        """Count `amount` more of the engine-specific counter `key`."""
+        self.details[key] = self.details.get(key, 0) + amount
+
+    def all_details(self) -> dict[str, int | float]:
+        """The engine's counters, the known ones it does not keep as 0."""
+        return {**dict.fromkeys(DETAILS, 0), **self.details}
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every counter under its own key, the engine's beside the common ones (/health)."""
+        common = {k: v for k, v in vars(self).items() if k != "details"}
+        return {**common, **self.all_details()}
 
 
 class GenerationStream(Protocol):

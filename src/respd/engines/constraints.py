@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from respd.engines.base import ToolDefinition
+from respd.engines.messages import ToolDefinition
 
 MAX_SCHEMA_CHARS = 32_768
 MAX_SCHEMA_DEPTH = 10  # levels of properties / items

@@ -2,9 +2,10 @@
 
 Like httpx's `MockTransport`: it implements the engine protocol for real — prompts are
 rendered through a real chat template (ChatML unless told otherwise) by the same
-`TemplatePrompter` the llama.cpp engine uses, and fitted to its window — but instead of a
-model it answers each generation with a scripted `Reply`: text chunks (one token each),
-structured fragments, an exception raised mid-stream, or an engine-reported failure.
+`TemplatePrompter` the llama.cpp engine uses (images as llama.cpp's marker, each taking
+`IMAGE_TOKENS` positions), and fitted to its window — but instead of a model it answers
+each generation with a scripted `Reply`: text chunks (one token each), structured
+fragments, an exception raised mid-stream, or an engine-reported failure.
 
     engine = FakeEngine([Reply(["Hello", " world"])])
     app = create_app(engine)   # then drive it with httpx.ASGITransport or the openai SDK
@@ -36,8 +37,8 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import check_schema
-from respd.engines.families.profile import MEDIA_MARKER, ModelProfile, detect_profile
-from respd.engines.prompting import TemplatePrompter
+from respd.engines.families.profile import ModelProfile, detect_profile
+from respd.engines.prompting import MEDIA_MARKER, TemplatePrompter
 
 IMAGE_TOKENS = 4  # positions one image takes in a fake prompt
 
@@ -88,11 +89,11 @@ class FakeEngine:
         self.model_id = model_id
         self.context_window = context_window
         self.vision = vision
-        self.profile = profile or detect_profile(template, MEDIA_MARKER)
+        self.profile = profile or detect_profile(template)
         self.default_sampling = dict(default_sampling or {"temperature": 1.0, "top_p": 1.0})
         self.n_vocab = n_vocab
         self.prompter = TemplatePrompter(
-            ChatTemplate(template), self.profile, self._tokenize, context_window
+            ChatTemplate(template), self.profile, self._tokenize, context_window, MEDIA_MARKER
         )
         self._replies: deque[Reply] = deque(
             Reply([r]) if isinstance(r, str) else r for r in replies
@@ -151,7 +152,8 @@ class FakeEngine:
         raise AssertionError("FakeEngine: no scripted reply left for this generation")
 
     def _tokenize(self, text: str, images: Sequence[Image]) -> list[int]:
-        parts = text.split(self.profile.media_marker)
+        # Each image sits where the prompter wrote its marker, as in llama.cpp.
+        parts = text.split(self.prompter.marker)
         if len(parts) - 1 != len(images):
             raise ValueError(
                 f"the prompt has {len(parts) - 1} image markers for {len(images)} images"

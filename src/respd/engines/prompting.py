@@ -3,6 +3,10 @@
 One render per request when the conversation fits. When it does not and truncation is on,
 the oldest non-system turns are dropped; how many is found by binary search, so a long
 history costs O(log n) renders rather than one per dropped turn.
+
+Templates take images on user turns only (`images_on_user_turns` moves the others) and as
+text: each image becomes the prompter's `marker` where it sits among its turn's texts, and
+the tokenizer puts the image's positions where the marker is.
 """
 
 from __future__ import annotations
@@ -10,24 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from respd.engines.base import (
-    ChatMessage,
-    Image,
-    Prompt,
-    PromptError,
-    PromptRequest,
-    PromptTooLong,
-    message_images,
-)
+from respd.engines.base import Prompt, PromptError, PromptRequest, PromptTooLong
 from respd.engines.chat_template import ChatTemplate, ChatTemplateError
 from respd.engines.families.profile import ModelProfile
 from respd.engines.families.tools import generic_messages
+from respd.engines.messages import ChatMessage, Image, images_on_user_turns, message_images
+
+# Where an image goes in rendered text: llama.cpp's own multimodal marker.
+MEDIA_MARKER = "<__media__>"
 
 Tokenizer = Callable[[str, Sequence[Image]], list[int]]
 
 
 class TemplatePrompter:
-    """Renders through a `ChatTemplate`, tokenizes with `tokenize`, fits `context_window`."""
+    """Renders through a `ChatTemplate` (each image as `marker`), tokenizes with `tokenize`,
+    fits `context_window`."""
 
     def __init__(
         self,
@@ -35,8 +36,10 @@ class TemplatePrompter:
         profile: ModelProfile,
         tokenize: Tokenizer,
         context_window: int,
+        marker: str = MEDIA_MARKER,
     ) -> None:
         self.template = template
+        self.marker = marker
         self.profile = profile
         self.tokenize = tokenize
         self.context_window = context_window
@@ -56,7 +59,7 @@ class TemplatePrompter:
             extra["tools"] = tools
         try:
             return self.template.render(
-                [m.as_template_dict() for m in messages],
+                [m.as_template_dict(self.marker) for m in messages],
                 add_generation_prompt=add_generation_prompt,
                 **extra,
             )
@@ -68,7 +71,7 @@ class TemplatePrompter:
     def build(self, request: PromptRequest) -> Prompt:
         """Render once, tokenize, fit: a `Prompt` with tokens and images, or an error."""
         window = self.context_window
-        messages = list(request.messages)
+        messages = images_on_user_turns(request.messages)
         tools = [t.as_template_tool() for t in request.tools] or None
         if not self.profile.tools_native:
             # The template knows nothing of tools: calls, results and the tool list become text.

@@ -74,10 +74,10 @@ def test_a_prompt_evicted_from_its_slot_is_restored(
     assert n_a >= 200 and done_a.cached_tokens == 0
     _, done_b, _ = run(tiered, B)  # the only slot now holds B; A's cache was saved first
     assert done_b.cached_tokens < 64
-    assert tiered.stats().kv_cache_ram_bytes > 0
+    assert tiered.stats().all_details()["kv_cache_ram_bytes"] > 0
     text, done, _ = run(tiered, A_NEXT)
     assert done.cached_tokens >= 0.9 * n_a, (done.cached_tokens, n_a)
-    assert tiered.stats().kv_restored_tokens == done.cached_tokens
+    assert tiered.stats().all_details()["kv_restored_tokens"] == done.cached_tokens
     fresh_text, fresh, _ = run(plain, A_NEXT)
     assert fresh.cached_tokens == 0
     assert text == fresh_text and done.completion_tokens == fresh.completion_tokens
@@ -92,9 +92,9 @@ def test_each_turn_of_a_conversation_is_saved_though_it_adds_few_tokens(
     run(tiered, A)
     run(tiered, B)
     answer, _, n_next = run(tiered, A_NEXT)
-    saved = tiered.stats().kv_cache_ram_bytes
+    saved = tiered.stats().all_details()["kv_cache_ram_bytes"]
     run(tiered, B)  # A_NEXT's sequence (A's entry plus under 64 tokens) leaves the slot
-    assert tiered.stats().kv_cache_ram_bytes > saved
+    assert tiered.stats().all_details()["kv_cache_ram_bytes"] > saved
     third = [*A_NEXT, ChatMessage("assistant", answer), ChatMessage("user", "And white?")]
     _, done, n_third = run(tiered, third)
     assert done.cached_tokens >= n_next, (done.cached_tokens, n_next, n_third)
@@ -113,7 +113,7 @@ def test_restored_prefix_gives_the_logits_of_a_fresh_prefill(
     run(tiered, A)
     run(tiered, B)
     _, restored, _ = run(tiered, A_NEXT)
-    assert restored.cached_tokens > 0 and tiered.stats().kv_restored_tokens > 0
+    assert restored.cached_tokens > 0 and tiered.stats().all_details()["kv_restored_tokens"] > 0
     run(plain, A)  # the same prefix prefilled the same way, kept in its slot
     _, reused, _ = run(plain, A_NEXT)
     assert reused.cached_tokens == restored.cached_tokens
@@ -144,13 +144,14 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
     finally:
         first.close()
     files = list(tmp_path.glob("*.kv"))
-    assert len(files) == 1 and first.stats().kv_cache_disk_bytes == files[0].stat().st_size
+    assert len(files) == 1
+    assert first.stats().all_details()["kv_cache_disk_bytes"] == files[0].stat().st_size
     second = make_engine(**tiers)
     try:
-        assert second.stats().kv_cache_disk_bytes == files[0].stat().st_size
+        assert second.stats().all_details()["kv_cache_disk_bytes"] == files[0].stat().st_size
         _, done, _ = run(second, A_NEXT)
         assert done.cached_tokens >= 0.9 * n_a, (done.cached_tokens, n_a)
-        assert second.stats().kv_restored_tokens == done.cached_tokens
+        assert second.stats().all_details()["kv_restored_tokens"] == done.cached_tokens
     finally:
         second.close()
     # The second engine's slot (A_NEXT and its answer) was written at shutdown beside A's.
@@ -166,7 +167,7 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
     third = make_engine(**tiers)
     try:
         text, done, _ = run(third, A_NEXT)
-        assert done.cached_tokens == 0 and third.stats().kv_restored_tokens == 0
+        assert done.cached_tokens == 0 and third.stats().all_details()["kv_restored_tokens"] == 0
         assert len(list(tmp_path.glob("*.kv"))) == 1  # the one tried is dropped
         with_plain = make_engine()
         try:
@@ -180,6 +181,7 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
         embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=2, **tiers
     )
     try:
-        assert list(tmp_path.glob("*.kv")) == [] and other.stats().kv_cache_disk_bytes == 0
+        assert list(tmp_path.glob("*.kv")) == []
+        assert other.stats().all_details()["kv_cache_disk_bytes"] == 0
     finally:
         other.close()

@@ -95,8 +95,8 @@ def generate(
 
     runs = asyncio.run(main())
     after = engine.stats()
-    drafted = after.draft_tokens - before.draft_tokens
-    accepted = after.draft_accepted - before.draft_accepted
+    drafted = after.all_details()["draft_tokens"] - before.all_details()["draft_tokens"]
+    accepted = after.all_details()["draft_accepted"] - before.all_details()["draft_accepted"]
     assert 0 <= accepted <= drafted
     if not speculation:
         assert drafted == 0

@@ -359,7 +359,7 @@ async def test_each_coding_decodes_to_the_same_request(
         headers={"content-type": "application/json", "content-encoding": coding},
     )
     assert r.status_code == 200, r.text
-    assert engine.calls[-1].prompt.request.messages[-1].content == "hi there"
+    assert engine.calls[-1].prompt.request.messages[-1].text == "hi there"
 
 
 async def test_raw_deflate_and_stacked_codings_decode(

@@ -112,7 +112,9 @@ async def test_metrics_gauges_read_the_engine_at_scrape_time(
 async def test_metrics_report_the_kv_tiers(
     engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stats = EngineStats(kv_restored_tokens=300, kv_cache_ram_bytes=4096, kv_cache_disk_bytes=512)
+    stats = EngineStats(
+        details={"kv_restored_tokens": 300, "kv_cache_ram_bytes": 4096, "kv_cache_disk_bytes": 512}
+    )
     monkeypatch.setattr(engine, "stats", lambda: stats)
     samples = await scrape(http)
     assert value(samples, "respd_kv_restored_tokens_total", model=FAKE_MODEL) == 300
@@ -123,7 +125,7 @@ async def test_metrics_report_the_kv_tiers(
 async def test_metrics_report_speculation(
     engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stats = EngineStats(draft_tokens=40, draft_accepted=31)
+    stats = EngineStats(details={"draft_tokens": 40, "draft_accepted": 31})
     monkeypatch.setattr(engine, "stats", lambda: stats)
     samples = await scrape(http)
     assert value(samples, "respd_draft_tokens_total", model=FAKE_MODEL) == 40
@@ -133,7 +135,7 @@ async def test_metrics_report_speculation(
 async def test_metrics_report_image_work(
     engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stats = EngineStats(images_tokenized=3, image_chunks_encoded=5)
+    stats = EngineStats(details={"images_tokenized": 3, "image_chunks_encoded": 5})
     monkeypatch.setattr(engine, "stats", lambda: stats)
     samples = await scrape(http)
     assert value(samples, "respd_images_tokenized_total", model=FAKE_MODEL) == 3
@@ -141,6 +143,19 @@ async def test_metrics_report_image_work(
     health = (await http.get("/health")).json()
     assert health["engine"]["images_tokenized"] == 3
     assert health["engine"]["image_chunks_encoded"] == 5
+
+
+async def test_an_engine_reports_its_own_counters_and_the_known_ones_default_to_zero(
+    engine: FakeEngine, http: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats = EngineStats(completed=2, details={"prefill_batches": 7})
+    monkeypatch.setattr(engine, "stats", lambda: stats)
+    samples = await scrape(http)
+    assert value(samples, "respd_engine_prefill_batches", model=FAKE_MODEL) == 7
+    assert value(samples, "respd_draft_tokens_total", model=FAKE_MODEL) == 0
+    health = (await http.get("/health")).json()
+    assert health["engine"]["prefill_batches"] == 7 and health["engine"]["completed"] == 2
+    assert health["engine"]["kv_cache_ram_bytes"] == 0 and "details" not in health["engine"]
 
 
 async def test_metrics_report_the_media_cache(http: httpx.AsyncClient) -> None:

@@ -56,7 +56,7 @@ def test_responses_follow_one_another_and_continue_without_a_store() -> None:
         assert done.output_text == "First answer."
         second = _create(ws, input="two", store=False, previous_response_id=done.id)
         assert second[-1]["type"] == "response.completed"
-        prompt = [(m.role, m.content) for m in engine.calls[-1].prompt.request.messages]
+        prompt = [(m.role, m.text) for m in engine.calls[-1].prompt.request.messages]
         assert prompt == [("user", "one"), ("assistant", "First answer."), ("user", "two")]
         # a chain of two, from the socket's history alone
         third = _create(

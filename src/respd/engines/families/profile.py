@@ -18,8 +18,6 @@ from respd.engines.families.reasoning import (
 )
 from respd.engines.families.tools import GENERIC, HERMES, LLAMA3, MISTRAL, ToolFormat
 
-# Where an image goes in rendered text (llama.cpp's own multimodal marker).
-MEDIA_MARKER = "<__media__>"
 # Special tokens that end an assistant turn in the common template families.
 END_OF_TURN_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 _TOOLS_VAR = re.compile(r"\btools\b")
@@ -37,7 +35,6 @@ class ModelProfile:
     tools_native: bool = False  # the template renders `tools` itself
     reasoning: ReasoningStyle | None = None
     effort_variable: str = "reasoning_effort"
-    media_marker: str = MEDIA_MARKER
     # Marker texts that end a turn / that the output reader must see as text.
     end_of_turn: tuple[str, ...] = ()
     text_markers: tuple[str, ...] = field(default=())
@@ -66,7 +63,7 @@ def detect_tool_format(template_source: str) -> tuple[ToolFormat, bool]:
     return HERMES, True
 
 
-def detect_profile(template_source: str, media_marker: str = MEDIA_MARKER) -> ModelProfile:
+def detect_profile(template_source: str) -> ModelProfile:
     """The profile a chat template implies."""
     fmt, native = detect_tool_format(template_source)
     style = detect_style(template_source)
@@ -88,7 +85,6 @@ def detect_profile(template_source: str, media_marker: str = MEDIA_MARKER) -> Mo
         tools_native=native,
         reasoning=style,
         effort_variable=effort_variable(template_source),
-        media_marker=media_marker,
         end_of_turn=end,
         text_markers=text_markers,
     )

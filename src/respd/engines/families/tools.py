@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from respd.engines.base import ChatMessage
+from respd.engines.messages import ChatMessage, TextPart
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,16 @@ def generic_call_text(name: str, arguments: str) -> str:
     return f"<tool_call>\n{call}\n</tool_call>"
 
 
+def _is_tool_response(m: ChatMessage) -> bool:
+    """A user turn that carries tool results (the next result joins it)."""
+    first = m.content[0] if m.content else None
+    return (
+        m.role == "user"
+        and isinstance(first, TextPart)
+        and first.text.startswith("<tool_response>")
+    )
+
+
 def generic_messages(
     messages: list[ChatMessage], tools: list[dict[str, Any]] | None
 ) -> list[ChatMessage]:
@@ -101,24 +111,24 @@ def generic_messages(
     out: list[ChatMessage] = []
     for m in messages:
         if m.role == "tool":
-            block = f"<tool_response>\n{m.content}\n</tool_response>"
-            if out and out[-1].role == "user" and out[-1].content.startswith("<tool_response>"):
-                prev = out[-1]
-                out[-1] = ChatMessage("user", prev.content + "\n" + block, images=prev.images)
+            block = TextPart(f"<tool_response>\n{m.text}\n</tool_response>")
+            if out and _is_tool_response(out[-1]):
+                out[-1] = ChatMessage("user", [*out[-1].content, block])
             else:
-                out.append(ChatMessage("user", block))
+                out.append(ChatMessage("user", [block]))
         elif m.tool_calls:
             calls = "\n".join(generic_call_text(c.name, c.arguments) for c in m.tool_calls)
-            text = f"{m.content}\n{calls}" if m.content.strip() else calls
-            out.append(ChatMessage(m.role, text, images=list(m.images), reasoning=m.reasoning))
+            parts = [*m.content, TextPart(calls)] if m.text.strip() else [TextPart(calls)]
+            out.append(ChatMessage(m.role, parts, reasoning=m.reasoning))
         else:
-            # Images (and their markers in the text) travel with their turn.
-            out.append(ChatMessage(m.role, m.content, images=list(m.images), reasoning=m.reasoning))
+            # Images travel with their turn, in place.
+            out.append(ChatMessage(m.role, m.content, reasoning=m.reasoning))
     if tools:
         prompt = GENERIC_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
         if out and out[0].role == "system":
-            first = out[0]
-            out[0] = ChatMessage("system", f"{first.content}\n\n{prompt}", images=first.images)
+            first = out[0].content
+            tail = TextPart(f"\n{prompt}") if first else TextPart(f"\n\n{prompt}")
+            out[0] = ChatMessage("system", [*first, tail])
         else:
             out.insert(0, ChatMessage("system", prompt))
     return out

@@ -61,7 +61,7 @@ from respd.engines.base import (
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import ConstraintError
 from respd.engines.defaults import ImageEncode
-from respd.engines.families.profile import MEDIA_MARKER, detect_profile
+from respd.engines.families.profile import detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
 from respd.engines.llamacpp.kvtier import MIN_SAVE_TOKENS, KVTier, TierMatch, model_identity
 from respd.engines.llamacpp.logprobs import LogprobReader
@@ -71,7 +71,7 @@ from respd.engines.llamacpp.pages import released_zero_pages
 from respd.engines.llamacpp.sampler import GrammarCheckedSampler, logit_bias, token_block
 from respd.engines.llamacpp.slots import Slot, common_prefix, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
-from respd.engines.prompting import TemplatePrompter
+from respd.engines.prompting import MEDIA_MARKER, TemplatePrompter
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class LlamaCppEngine:
             self.vision = True
         meta = self._model.metadata()
         source = chat_template or meta.get("tokenizer.chat_template") or FALLBACK_TEMPLATE
-        self.profile = detect_profile(source, MEDIA_MARKER)
+        self.profile = detect_profile(source)
         # The server's settings over the model authors' sampling over llama-server's
         # defaults; a request's own values override them all.
         self.default_sampling = {
@@ -426,7 +426,7 @@ class LlamaCppEngine:
             return self._text_tokens(prompt)
         if self._projector is None:
             raise ValueError(f"the model '{self.model_id}' has no image input")
-        parts = prompt.split(self.profile.media_marker)
+        parts = prompt.split(MEDIA_MARKER)
         if len(parts) - 1 != len(images):
             raise ValueError(
                 f"the prompt has {len(parts) - 1} image markers for {len(images)} images"
@@ -487,10 +487,13 @@ class LlamaCppEngine:
                 queued=len(self._pending),
                 healthy=self._worker_error is None,
                 problem=self._worker_error,
-                kv_cache_ram_bytes=tier.ram_bytes if tier else 0,
-                kv_cache_disk_bytes=tier.disk_bytes if tier else 0,
-                images_tokenized=self._projector.tokenized if self._projector else 0,
-                image_chunks_encoded=self._projector.encoded if self._projector else 0,
+                details={
+                    **self._stats.details,
+                    "kv_cache_ram_bytes": tier.ram_bytes if tier else 0,
+                    "kv_cache_disk_bytes": tier.disk_bytes if tier else 0,
+                    "images_tokenized": self._projector.tokenized if self._projector else 0,
+                    "image_chunks_encoded": self._projector.encoded if self._projector else 0,
+                },
             )
 
     # -- admission ------------------------------------------------------------------------
@@ -715,7 +718,7 @@ class LlamaCppEngine:
         if match is None:
             return reuse, copy_from
         if self._restore_sequence(slot, match):
-            self._stats.kv_restored_tokens += match.reuse
+            self._stats.add("kv_restored_tokens", match.reuse)
             return match.reuse, None
         if copy_from is None:
             reuse = min(reuse, len(slot.tokens))  # a failed restore has emptied the slot
@@ -912,8 +915,8 @@ class LlamaCppEngine:
             job.next_token = None  # already decoded, as part of the draft
             accepted += 1
             self._sample(job, idx + accepted)
-        self._stats.draft_tokens += len(draft)
-        self._stats.draft_accepted += accepted
+        self._stats.add("draft_tokens", len(draft))
+        self._stats.add("draft_accepted", accepted)
         if job.lookup is not None:
             job.lookup.feedback(len(draft), accepted)
         keep = len(slot.tokens) - (len(draft) - accepted)

@@ -1,6 +1,5 @@
 """Chat Completions `messages` → the canonical conversation, media lowered as for Responses:
-images on user turns stay in place, those of other turns (tool results included) move to a
-following user turn."""
+each turn's images stay in place among its texts (tool results included)."""
 
 from __future__ import annotations
 
@@ -66,20 +65,19 @@ def chat_messages(messages: list[dict[str, Any]], low: Lowering) -> list[ChatMes
                     param=f"{param}.tool_call_id",
                     code="invalid_value",
                 )
-            text, image_turns = lower_tool_output(content, f"{param}.content", low)
-            out.append(ChatMessage("tool", text, tool_call_id=call_id, name=names[call_id]))
-            out += image_turns
+            parts = lower_tool_output(content, f"{param}.content", low)
+            out.append(ChatMessage("tool", parts, tool_call_id=call_id, name=names[call_id]))
             continue
         names.update((c.id, c.name) for c in calls)
         reasoning = msg.get("reasoning_content") if role == "assistant" else None
-        turns = lower_message(
+        turn = lower_message(
             "system" if role == "developer" else role,
             "" if content is None else content,
             f"{param}.content",
             low,
         )
-        turns[0].tool_calls = calls
+        turn.tool_calls = calls
         if isinstance(reasoning, str) and reasoning:
-            turns[0].reasoning = reasoning
-        out += turns
+            turn.reasoning = reasoning
+        out.append(turn)
     return out

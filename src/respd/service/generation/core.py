@@ -266,7 +266,7 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         ) from exc
     if prompts_logged():
-        turns = [{"role": m.role, "content": m.content} for m in prepared.prompt.messages]
+        turns = [{"role": m.role, "content": m.text} for m in prepared.prompt.messages]
         log.info("prompt (%d tokens): %s", prepared.prompt_tokens, json.dumps(turns))
     return Run(prepared, stream, runs)
 

@@ -1,12 +1,12 @@
 """Lowering content parts into the canonical conversation, the same way for both APIs.
 
 Media parts arrive already resolved (`resolver.py` fetched, decoded and checked them, keyed
-by part path), so everything here is pure. User-turn images stay in place as one media
-marker each; images of other turns, and of array tool outputs, move to a user turn right
-after (a tool turn then ends with `ATTACHED_LINE`); tool-output parts of no known type stay
-as one line of JSON; files become `<file name="…">` text blocks. A model without image input
-refuses images with a 400, or, with `--image-input-fallback placeholder`, reads one line of
-text in each one's place (`placeholder`).
+by part path), so everything here is pure. A turn's texts and images stay in the order
+given, as its parts (which turns may hold images, and how one is written down, is each
+engine's business); tool-output parts of no known type stay as one line of JSON; files
+become `<file name="…">` text blocks. A model without image input refuses images with a
+400, or, with `--image-input-fallback placeholder`, reads one line of text in each one's
+place (`placeholder`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from respd.engines.base import ChatMessage, Engine, Image
-from respd.engines.families.profile import MEDIA_MARKER
+from respd.engines.messages import Part, TextPart
 from respd.protocol.errors import InvalidRequest, MissingParameter
 from respd.service.media.parts import FILE_PARTS, IMAGE_PARTS, TEXT_PARTS
 from respd.service.media.resolver import CheckedImage, FileText, Media, MediaSettings
 
 _NO_INPUT_PARTS = ("input_audio", "video_url")
 IMAGE_DETAILS = ("low", "high", "auto", "original")
-# What a tool turn whose images moved to the next turn ends with.
-ATTACHED_LINE = "[Image output attached in the next message]"
 NO_EFFECTIVE_INPUT = "Request must include at least one non-empty message content or media input."
 
 
@@ -39,12 +37,11 @@ def placeholder(image: Image) -> str:
 @dataclass(frozen=True)
 class Lowering:
     """How media parts lower: what the resolution pass found for each part path, and
-    whether (and with which marker) the model takes images; without image input, whether
-    images become placeholder text (`image_placeholders`) instead of a 400."""
+    whether the model takes images; without image input, whether images become placeholder
+    text (`image_placeholders`) instead of a 400."""
 
     model_id: str
     vision: bool = False
-    marker: str = MEDIA_MARKER
     media: Media = field(default_factory=dict)
     image_placeholders: bool = False
 
@@ -55,7 +52,6 @@ class Lowering:
         return cls(
             engine.model_id,
             engine.vision,
-            engine.profile.media_marker,
             media,
             image_placeholders=settings is not None
             and settings.image_input_fallback == "placeholder",
@@ -102,15 +98,12 @@ class Lowering:
             raise RuntimeError(f"media part {p} was not resolved before translation") from None
 
 
-Piece = str | Image
-
-
 def _parts(
     content: list[Any], param: str, low: Lowering, *, keep_unknown: bool
-) -> tuple[list[Piece], list[dict[str, Any]]]:
-    """Content parts → text pieces and images in order, plus (with `keep_unknown`, for tool
+) -> tuple[list[Part], list[dict[str, Any]]]:
+    """Content parts → texts and images in order, plus (with `keep_unknown`, for tool
     outputs) the parts of no known type, which the caller keeps as JSON text."""
-    pieces: list[Piece] = []
+    pieces: list[Part] = []
     unknown: list[dict[str, Any]] = []
     for j, part in enumerate(content):
         p = f"{param}[{j}]"
@@ -123,13 +116,14 @@ def _parts(
             text = part.get("text")
             if not isinstance(text, str):
                 raise MissingParameter(f"{p}.text")
-            pieces.append(text)
+            pieces.append(TextPart(text))
         elif kind == "refusal" and not keep_unknown:
-            pieces.append(str(part.get("refusal", "")))
+            pieces.append(TextPart(str(part.get("refusal", ""))))
         elif kind in IMAGE_PARTS:
-            pieces.append(low.image(part, p))
+            image = low.image(part, p)
+            pieces.append(TextPart(image) if isinstance(image, str) else image)
         elif kind in FILE_PARTS:
-            pieces.append(low.file_text(p))
+            pieces.append(TextPart(low.file_text(p)))
         elif kind in _NO_INPUT_PARTS:
             what = "audio" if kind == "input_audio" else "video"
             raise InvalidRequest(
@@ -158,50 +152,30 @@ def _check_content(content: Any, param: str) -> None:
         )
 
 
-def _image_turn(images: list[Image], low: Lowering) -> ChatMessage:
-    """The user turn that carries images moved off a turn templates show no images on."""
-    return ChatMessage("user", "\n".join(low.marker for _ in images), images=images)
-
-
-def lower_message(role: str, content: Any, param: str, low: Lowering) -> list[ChatMessage]:
-    """A message's content → its turn, plus a following user turn holding its images when
-    the role is not `user` (chat templates place images on user turns only). On a user turn
-    each image stays where it was, as one `low.marker` between the texts."""
+def lower_message(role: str, content: Any, param: str, low: Lowering) -> ChatMessage:
+    """A message's content → its turn, each image where it was among the texts."""
     _check_content(content, param)
     if isinstance(content, str):
-        return [ChatMessage(role, content)]
-    pieces, _ = _parts(content, param, low, keep_unknown=False)
-    images = [piece for piece in pieces if isinstance(piece, Image)]
-    if role == "user":
-        text = "\n".join(low.marker if isinstance(piece, Image) else piece for piece in pieces)
-        return [ChatMessage(role, text, images=images)]
-    text = "\n".join(piece for piece in pieces if isinstance(piece, str))
-    turns = [ChatMessage(role, text)]
-    if images:
-        turns.append(_image_turn(images, low))
-    return turns
+        return ChatMessage(role, content)
+    parts, _ = _parts(content, param, low, keep_unknown=False)
+    return ChatMessage(role, parts)
 
 
-def lower_tool_output(output: Any, param: str, low: Lowering) -> tuple[str, list[ChatMessage]]:
-    """A tool result → (the tool turn's text, the user image turn that must follow it).
+def lower_tool_output(output: Any, param: str, low: Lowering) -> list[Part]:
+    """A tool result → the tool turn's parts.
 
-    A string is the text as it is. An array: text parts (and files, as text) joined with
-    newlines; parts of no known type appended as one line of JSON; images moved, in order, to
-    the following user turn, the text ending with `ATTACHED_LINE`."""
+    A string is the text as it is. An array: text parts (and files, as text) and images in
+    order, then the parts of no known type as one line of JSON."""
     _check_content(output, param)
     if isinstance(output, str):
-        return output, []
-    pieces, unknown = _parts(output, param, low, keep_unknown=True)
-    lines = [piece for piece in pieces if isinstance(piece, str)]
-    images = [piece for piece in pieces if isinstance(piece, Image)]
+        return [TextPart(output)] if output else []
+    parts, unknown = _parts(output, param, low, keep_unknown=True)
     if unknown:
-        lines.append(json.dumps(unknown, separators=(",", ":"), ensure_ascii=False))
-    if images:
-        lines.append(ATTACHED_LINE)
-    return "\n".join(lines), [_image_turn(images, low)] if images else []
+        parts.append(TextPart(json.dumps(unknown, separators=(",", ":"), ensure_ascii=False)))
+    return parts
 
 
 def require_effective_input(messages: list[ChatMessage], param: str = "input") -> None:
     """Reject a conversation with nothing in it for the model to answer."""
-    if not any(m.content.strip() or m.tool_calls or m.reasoning or m.images for m in messages):
+    if not any(m.text.strip() or m.tool_calls or m.reasoning or m.images for m in messages):
         raise InvalidRequest(NO_EFFECTIVE_INPUT, param=param)

@@ -44,7 +44,7 @@ class SummaryFailed(ServerError):
 
 
 def _turn(m: ChatMessage) -> str:
-    text = m.content
+    text = m.text
     if m.tool_calls:
         text += "".join(f"\n[calls {c.name} with {c.arguments}]" for c in m.tool_calls)
     if len(text) > _PER_TURN_CHARS:

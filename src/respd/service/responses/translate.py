@@ -121,7 +121,7 @@ def input_to_messages(
                     param=f"{param}.phase",
                     code="invalid_value",
                 )
-            messages += lower_message(role, item["content"], f"{param}.content", low)
+            messages.append(lower_message(role, item["content"], f"{param}.content", low))
         elif kind == "function_call":
             _function_call(item, param, messages)
         elif kind == "custom_tool_call":
@@ -280,7 +280,8 @@ def _client_output(
 def _add_call(call: ToolCall, messages: list[ChatMessage]) -> None:
     """Consecutive calls share one assistant turn."""
     last = messages[-1] if messages else None
-    if last is not None and last.role == "assistant" and (last.tool_calls or not last.content):
+    empty = last is not None and not (last.text or last.images)
+    if last is not None and last.role == "assistant" and (last.tool_calls or empty):
         last.tool_calls.append(call)
     else:
         messages.append(ChatMessage("assistant", "", tool_calls=[call]))
@@ -304,9 +305,8 @@ def _function_call_output(
         )
     if "output" not in item:
         raise MissingParameter(f"{param}.output")
-    output, image_turns = lower_tool_output(item["output"], f"{param}.output", low)
+    output = lower_tool_output(item["output"], f"{param}.output", low)
     messages.append(ChatMessage("tool", output, tool_call_id=call_id, name=calls[call_id].name))
-    messages += image_turns
 
 
 _REASONING = "reasoning"  # a placeholder turn, folded by `_attach_reasoning`

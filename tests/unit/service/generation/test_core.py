@@ -159,8 +159,8 @@ async def test_truncation_renders_logarithmically(sdk: openai.AsyncOpenAI) -> No
     assert r.status_code == 200, r.text
     assert engine.renders <= 2 + 11  # the whole, all dropped, then a binary search
     kept = engine.calls[0].prompt.messages
-    assert kept[0].role == "system" and kept[0].content == "keep me"
-    assert kept[-1].content == "turn 1000"
+    assert kept[0].role == "system" and kept[0].text == "keep me"
+    assert kept[-1].text == "turn 1000"
     # The fewest turns were dropped: one more would still fit? No: the next-older turn
     # back would overflow, so the prompt is nearly full.
     assert engine.calls[0].prompt.n_tokens + 16 <= 2000

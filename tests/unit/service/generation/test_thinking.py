@@ -221,7 +221,7 @@ def test_reasoning_items_attach_to_the_following_assistant_turn() -> None:
         ],
         lowering=Lowering("m"),
     )
-    assert [(m.role, m.content, m.reasoning) for m in msgs] == [
+    assert [(m.role, m.text, m.reasoning) for m in msgs] == [
         ("user", "q1", None),
         ("assistant", "a1", "think 1\nthink 2"),
         ("user", "q2", None),

@@ -17,11 +17,13 @@ from PIL import Image as PILImage
 from respd.engines.base import ChatMessage, Image
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.families.tools import generic_messages
+from respd.engines.messages import ATTACHED_LINE, images_on_user_turns
+from respd.engines.prompting import MEDIA_MARKER as MARKER
 from respd.protocol.errors import APIError
 from respd.service.media.documents import document_text
 from respd.service.media.fetch import address_refused
 from respd.service.media.images import check_image
-from respd.service.media.lowering import ATTACHED_LINE, Lowering, require_effective_input
+from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.media.resolver import MediaResolver
 from respd.service.media.settings import MediaSettings
 from respd.service.media.values import FileText
@@ -30,8 +32,6 @@ from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
 from respd.store.base import FileRecord
 from tests.servers import TEMPLATES
-
-MARKER = "<__media__>"
 
 
 def png(color: str = "red", size: tuple[int, int] = (32, 32), fmt: str = "PNG") -> bytes:
@@ -54,7 +54,17 @@ def resolve(items: Any, settings: MediaSettings | None = None) -> dict[str, Any]
 
 def translate(items: Any, *, vision: bool = True) -> list[ChatMessage]:
     media = resolve(items)
-    return input_to_messages(items, lowering=Lowering("m", vision, MARKER, media))
+    return input_to_messages(items, lowering=Lowering("m", vision, media))
+
+
+def templated(items: Any) -> list[ChatMessage]:
+    """The turns as a chat template takes them (images on user turns only)."""
+    return images_on_user_turns(translate(items))
+
+
+def text(m: ChatMessage) -> str:
+    """A turn's parts as a prompt holds them, each image as llama.cpp's marker."""
+    return m.rendered(MARKER)
 
 
 def shape(messages: list[ChatMessage]) -> list[tuple[Any, ...]]:
@@ -62,7 +72,7 @@ def shape(messages: list[ChatMessage]) -> list[tuple[Any, ...]]:
     return [
         (
             m.role,
-            m.content,
+            text(m),
             m.tool_call_id,
             [(c.id, c.name, c.arguments) for c in m.tool_calls],
             [(i.digest, i.mime_type, i.detail) for i in m.images],
@@ -99,7 +109,7 @@ def test_input_text_and_input_image_lower_to_text_then_image_with_detail() -> No
     ]
     [msg] = translate(items)
     assert msg.role == "user"
-    assert msg.content == f"What colour is this?\n{MARKER}"
+    assert text(msg) == f"What colour is this?\n{MARKER}"
     [img] = msg.images
     assert img.mime_type == "image/png" and img.detail == "high"
     assert img.data == png("red")
@@ -114,7 +124,7 @@ def test_user_images_keep_their_position_between_texts() -> None:
         )
     ]
     [msg] = translate(items)
-    assert msg.content == f"{MARKER}\nversus\n{MARKER}"
+    assert text(msg) == f"{MARKER}\nversus\n{MARKER}"
     assert [i.data for i in msg.images] == [png("red"), png("blue")]
     assert [i.detail for i in msg.images] == ["auto", "low"]
 
@@ -132,7 +142,7 @@ def test_input_file_lowers_to_a_named_text_block() -> None:
         )
     ]
     [msg] = translate(items, vision=False)  # files are text: any model reads them
-    assert msg.content == 'Summarise:\n<file name="notes.md">\nalpha\nbeta\n</file>'
+    assert text(msg) == 'Summarise:\n<file name="notes.md">\nalpha\nbeta\n</file>'
     assert msg.images == []
 
 
@@ -142,16 +152,18 @@ def test_function_output_image_stays_after_tool_result() -> None:
         call(),
         output([{"type": "input_text", "text": "done"}, {"type": "input_image", "image_url": RED}]),
     ]
-    messages = translate(items)
+    messages = templated(items)
     assert [m.role for m in messages] == ["user", "assistant", "tool", "user"]
     tool, follow = messages[2], messages[3]
-    assert tool.content == f"done\n{ATTACHED_LINE}"
-    assert tool.content.endswith("[Image output attached in the next message]")
+    assert text(tool) == f"done\n{ATTACHED_LINE}"
+    assert text(tool).endswith("[Image output attached in the next message]")
     assert tool.images == []
-    assert len(follow.images) == 1 and follow.content == MARKER
+    assert len(follow.images) == 1 and text(follow) == MARKER
     # Rendered through a tool template, the tool text comes before the image's marker.
     template = ChatTemplate((TEMPLATES / "qwen.jinja").read_text())
-    prompt = template.render([m.as_template_dict() for m in messages], add_generation_prompt=True)
+    prompt = template.render(
+        [m.as_template_dict(MARKER) for m in messages], add_generation_prompt=True
+    )
     assert prompt.count(MARKER) == 1
     assert prompt.index("done") < prompt.index(ATTACHED_LINE) < prompt.index(MARKER)
 
@@ -168,10 +180,10 @@ def test_function_output_keeps_text_alongside_visual_input_in_order() -> None:
             ]
         ),
     ]
-    messages = translate(items)
+    messages = templated(items)
     tool, follow = messages[1], messages[2]
-    assert tool.content == f"first\nsecond\n{ATTACHED_LINE}"
-    assert follow.content == f"{MARKER}\n{MARKER}"
+    assert text(tool) == f"first\nsecond\n{ATTACHED_LINE}"
+    assert text(follow) == f"{MARKER}\n{MARKER}"
     assert [i.data for i in follow.images] == [png("red"), png("blue")]
     assert [i.detail for i in follow.images] == ["auto", "low"]
 
@@ -179,7 +191,7 @@ def test_function_output_keeps_text_alongside_visual_input_in_order() -> None:
 def test_function_output_string_is_unchanged() -> None:
     messages = translate([call(), output("  plain [text]\n")])
     assert [m.role for m in messages] == ["assistant", "tool"]
-    assert messages[1].content == "  plain [text]\n"
+    assert text(messages[1]) == "  plain [text]\n"
     assert messages[1].images == []
 
 
@@ -188,8 +200,28 @@ def test_unknown_function_output_parts_remain_as_json_text() -> None:
     messages = translate([call(), output([{"type": "input_text", "text": "hi"}, odd])])
     tool = messages[1]
     assert len(messages) == 2 and tool.images == []
-    assert tool.content == "hi\n" + json.dumps([odd], separators=(",", ":"))
-    assert json.loads(tool.content.split("\n", 1)[1]) == [odd]
+    assert text(tool) == "hi\n" + json.dumps([odd], separators=(",", ":"))
+    assert json.loads(text(tool).split("\n", 1)[1]) == [odd]
+
+
+def test_lowering_keeps_every_turns_images_in_place() -> None:
+    items = [
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [
+                {"type": "output_text", "text": "see"},
+                {"type": "input_image", "image_url": RED},
+                {"type": "output_text", "text": "there"},
+            ],
+        },
+        call(),
+        output([{"type": "input_image", "image_url": BLUE}, {"type": "input_text", "text": "ok"}]),
+    ]
+    assistant, _, tool = translate(items)
+    assert [type(p).__name__ for p in assistant.content] == ["TextPart", "Image", "TextPart"]
+    assert text(assistant) == f"see\n{MARKER}\nthere"
+    assert text(tool) == f"{MARKER}\nok" and tool.images[0].data == png("blue")
 
 
 def test_assistant_system_and_developer_images_move_to_a_following_user_turn() -> None:
@@ -208,8 +240,8 @@ def test_assistant_system_and_developer_images_move_to_a_following_user_turn() -
                 ],
             }
         ]
-        messages = translate(items)
-        assert [(m.role, m.content) for m in messages] == [(lowered, "see"), ("user", MARKER)]
+        messages = templated(items)
+        assert [(m.role, text(m)) for m in messages] == [(lowered, "see"), ("user", MARKER)]
         assert messages[0].images == [] and len(messages[1].images) == 1
 
 
@@ -218,7 +250,7 @@ def test_image_only_request_is_effective_input() -> None:
     require_effective_input(messages)  # no raise
     with pytest.raises(APIError):
         require_effective_input([ChatMessage("user", "  ")])
-    require_effective_input([ChatMessage("user", "", images=[Image(b"x")])])
+    require_effective_input([ChatMessage("user", [Image(b"x")])])
 
 
 def test_stored_response_with_image_tool_output_replays_identically() -> None:
@@ -254,9 +286,9 @@ def test_images_survive_the_generic_tool_rewrite() -> None:
         call(),
         output([{"type": "input_text", "text": "ok"}, {"type": "input_image", "image_url": RED}]),
     ]
-    messages = generic_messages(translate(items), [{"type": "function", "function": {"name": "f"}}])
+    messages = generic_messages(templated(items), [{"type": "function", "function": {"name": "f"}}])
     rendered = ChatTemplate(FALLBACK_TEMPLATE).render(
-        [m.as_template_dict() for m in messages], add_generation_prompt=True
+        [m.as_template_dict(MARKER) for m in messages], add_generation_prompt=True
     )
     assert sum(len(m.images) for m in messages) == 1
     assert rendered.count(MARKER) == 1
@@ -401,8 +433,8 @@ def test_file_ids_resolve_through_the_store_for_their_owner_only() -> None:
             {"type": "input_file", "file_id": "file-doc"},
         )
     ]
-    [msg] = input_to_messages(items, lowering=Lowering("m", True, MARKER, media))
-    assert msg.content == f'{MARKER}\n<file name="notes.txt">\nremember the milk\n</file>'
+    [msg] = input_to_messages(items, lowering=Lowering("m", True, media))
+    assert text(msg) == f'{MARKER}\n<file name="notes.txt">\nremember the milk\n</file>'
     assert msg.images[0].data == png("red") and msg.images[0].detail == "low"
     assert (other.status_code, other.param) == (404, "input[0].content[0].file_id")
 
@@ -491,7 +523,7 @@ def test_input_file_in_tool_output_is_text_and_needs_one_source() -> None:
     messages = translate(
         [call(), output([{"type": "input_file", "filename": "r.txt", "file_data": doc}])]
     )
-    assert messages[1].content == '<file name="r.txt">\nresult body\n</file>'
+    assert text(messages[1]) == '<file name="r.txt">\nresult body\n</file>'
     with pytest.raises(APIError) as exc:
         resolve([user({"type": "input_file", "file_data": doc, "file_url": "https://x/y"})])
     assert exc.value.param == "input[0].content[0].file_url"

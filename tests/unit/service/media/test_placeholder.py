@@ -18,16 +18,15 @@ from PIL import Image as PILImage
 from respd.api.app import create_app
 from respd.engines.base import ChatMessage, Image
 from respd.engines.fake import FakeEngine, Reply
+from respd.engines.messages import ATTACHED_LINE, images_on_user_turns
 from respd.protocol.errors import APIError
 from respd.service.chat.translate import chat_messages
-from respd.service.media.lowering import ATTACHED_LINE, Lowering, placeholder
+from respd.service.media.lowering import Lowering, placeholder
 from respd.service.media.parts import ImageFallback
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
 from tests.unit.conftest import FAKE_MODEL
-
-MARKER = "<__media__>"
 
 
 def png(color: str = "red", size: tuple[int, int] = (64, 48)) -> bytes:
@@ -41,7 +40,7 @@ SEEN = "[image: 64x48 image/png omitted; this model cannot see images]"
 
 
 def low(media: Any, *, placeholders: bool = True) -> Lowering:
-    return Lowering("m", False, MARKER, media, image_placeholders=placeholders)
+    return Lowering("m", False, media, image_placeholders=placeholders)
 
 
 def translate(items: list[Any], *, placeholders: bool = True) -> list[ChatMessage]:
@@ -82,14 +81,14 @@ def test_the_placeholder_names_size_and_type_where_known() -> None:
 
 def test_user_images_become_a_line_in_place() -> None:
     [msg] = translate([user(text("Before"), image(detail="low"), text("After"))])
-    assert msg.content == f"Before\n{SEEN}\nAfter" and msg.images == []
+    assert msg.text == f"Before\n{SEEN}\nAfter" and msg.images == []
 
 
 def test_a_tool_output_image_becomes_tool_text_with_no_image_turn() -> None:
-    messages = translate(screenshot_items())
+    messages = images_on_user_turns(translate(screenshot_items()))
     assert [m.role for m in messages] == ["user", "assistant", "tool"]
-    assert messages[2].content == f"captured\n{SEEN}"
-    assert ATTACHED_LINE not in messages[2].content
+    assert messages[2].text == f"captured\n{SEEN}"
+    assert ATTACHED_LINE not in messages[2].text
     assert not any(m.images for m in messages)
 
 
@@ -105,7 +104,7 @@ def test_chat_image_url_parts_get_it_too() -> None:
     ]
     media = asyncio.run(MediaResolver(MemoryStore()).resolve_messages(chat, "owner"))
     [msg] = chat_messages(chat, low(media))
-    assert msg.content == f"What is this?\n{SEEN}" and msg.images == []
+    assert msg.text == f"What is this?\n{SEEN}" and msg.images == []
 
 
 def test_images_are_still_checked() -> None:
@@ -127,10 +126,8 @@ def test_without_the_fallback_the_400_stays() -> None:
 def test_a_vision_model_still_gets_the_image() -> None:
     items = [user(image())]
     media = asyncio.run(MediaResolver(MemoryStore()).resolve_items(items, "owner"))
-    [msg] = input_to_messages(
-        items, lowering=Lowering("m", True, MARKER, media, image_placeholders=True)
-    )
-    assert msg.content == MARKER and len(msg.images) == 1
+    [msg] = input_to_messages(items, lowering=Lowering("m", True, media, image_placeholders=True))
+    assert msg.content == msg.images and len(msg.images) == 1
 
 
 # -- through the app -------------------------------------------------------------------------
@@ -153,7 +150,7 @@ async def test_a_screenshot_tool_result_is_answered_and_replays_from_the_cache()
         first = await sdk.responses.create(model=FAKE_MODEL, input=screenshot_items())  # type: ignore[arg-type]
         assert first.status == "completed"
         prompt = engine.calls[-1].prompt.messages
-        assert any(f"captured\n{SEEN}" in m.content for m in prompt)
+        assert any(f"captured\n{SEEN}" in m.text for m in prompt)
         assert not any(m.images for m in prompt)
         chained = first
         for turn in ("And now?", "Once more?"):
@@ -188,7 +185,7 @@ async def test_chat_image_url_is_answered() -> None:
             ],
         )
     assert reply.choices[0].message.content == "ok"
-    assert engine.calls[-1].prompt.messages[-1].content == f"What is this?\n{SEEN}"
+    assert engine.calls[-1].prompt.messages[-1].text == f"What is this?\n{SEEN}"
 
 
 async def test_the_default_is_the_honest_400() -> None:

@@ -51,7 +51,7 @@ class Model:
     """Thinks, then answers; asked to summarise, it summarises."""
 
     def respond(self, prompt: Prompt, params: SamplingParams) -> Reply:
-        system = prompt.request.messages[0].content
+        system = prompt.request.messages[0].text
         if system.startswith("You compact"):
             return Reply(["The user said hi; ", "the assistant greeted."])
         return Reply([THOUGHT, "</think>", "Hello!"])  # the template opens the block
@@ -130,16 +130,16 @@ async def test_compaction_summarises_and_its_item_stands_for_the_history(
     assert compacted.object == "response.compaction"
     assert [o.type for o in compacted.output] == ["compaction"]
     assert compacted.usage.output_tokens > 0
-    transcript = engine.calls[-1].prompt.request.messages[-1].content
+    transcript = engine.calls[-1].prompt.request.messages[-1].text
     assert "user: hi" in transcript and "Hello!" in transcript and "and then?" in transcript
     # the compacted history goes on as input
     output = [o.model_dump(exclude_none=True) for o in compacted.output]
     r = await _post(http, "/v1/responses", input=[*output, {"role": "user", "content": "next"}])
     assert r.status_code == 200, r.text
     summary = [
-        m.content
+        m.text
         for m in engine.calls[-1].prompt.request.messages
-        if m.content.startswith(SUMMARY_HEADER)
+        if m.text.startswith(SUMMARY_HEADER)
     ]
     assert summary == [f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted."]
     # altered, it is refused
@@ -187,7 +187,7 @@ async def test_a_compaction_trigger_makes_a_response_of_one_compaction_item(
     final = strict_response(events[-1]["response"])
     assert [o.type for o in final.output] == ["compaction"] and final.usage is not None
     assert final.usage.output_tokens > 0
-    transcript = engine.calls[-1].prompt.request.messages[-1].content
+    transcript = engine.calls[-1].prompt.request.messages[-1].text
     assert "user: hi" in transcript and "Hello!" in transcript
     # Codex keeps its user messages and the item; the item opens into the summary
     item = done[0]
@@ -196,7 +196,7 @@ async def test_a_compaction_trigger_makes_a_response_of_one_compaction_item(
     )
     assert r.status_code == 200, r.text
     prompt = engine.calls[-1].prompt.request.messages
-    assert prompt[-1].content == f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted."
+    assert prompt[-1].text == f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted."
 
 
 async def test_a_stored_compaction_turn_is_retrieved_and_continued(
@@ -216,7 +216,7 @@ async def test_a_stored_compaction_turn_is_retrieved_and_continued(
     assert got.output[0].id == compacted.output[0].id
     r = await _post(http, "/v1/responses", previous_response_id=compacted.id, input="next")
     assert r.status_code == 200, r.text
-    contents = [m.content for m in engine.calls[-1].prompt.request.messages]
+    contents = [m.text for m in engine.calls[-1].prompt.request.messages]
     assert any(c.startswith(SUMMARY_HEADER) for c in contents) and contents[-1] == "next"
 
 
@@ -261,7 +261,7 @@ async def test_context_management_compacts_a_prompt_past_its_threshold(
     assert final.status == "completed"
     assert [o.type for o in final.output][:1] == ["compaction"] and len(final.output) > 1
     prompt = engine.calls[-1].prompt.request.messages
-    assert [m.content for m in prompt if m.role == "user"] == [
+    assert [m.text for m in prompt if m.role == "user"] == [
         f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted.",
         "and now?",
     ]

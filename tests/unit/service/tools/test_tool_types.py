@@ -112,7 +112,7 @@ async def test_a_namespace_call_names_its_function_and_namespace(
     )
     messages = engine.calls[-1].prompt.request.messages
     assert [c.name for m in messages for c in m.tool_calls] == ["agents__spawn"]
-    assert messages[-1].role == "tool" and messages[-1].content == "ok"
+    assert messages[-1].role == "tool" and messages[-1].text == "ok"
 
 
 async def test_a_custom_call_carries_its_input_text_and_streams_input_events(
@@ -143,7 +143,7 @@ async def test_a_custom_call_carries_its_input_text_and_streams_input_events(
     messages = engine.calls[-1].prompt.request.messages
     (shown,) = [c for m in messages for c in m.tool_calls]
     assert (shown.name, json.loads(shown.arguments)) == ("apply_patch", {"input": PATCH})
-    assert messages[-1].content == "Done!"
+    assert messages[-1].text == "Done!"
 
 
 async def test_a_local_shell_call_is_an_exec_action(
@@ -161,7 +161,7 @@ async def test_a_local_shell_call_is_an_exec_action(
         input=[{"type": "local_shell_call_output", "id": item["call_id"], "output": "a.txt"}],
     )
     last = engine.calls[-1].prompt.request.messages[-1]
-    assert (last.role, last.name, last.content) == ("tool", "local_shell", "a.txt")
+    assert (last.role, last.name, last.text) == ("tool", "local_shell", "a.txt")
 
 
 async def test_a_client_may_replay_the_items_of_a_history_it_keeps(
@@ -205,7 +205,7 @@ async def test_a_client_may_replay_the_items_of_a_history_it_keeps(
         "agents__spawn",
         "local_shell",
     ]
-    assert [m.content for m in messages if m.role == "tool"] == ["ok", "spawned", "/tmp"]
+    assert [m.text for m in messages if m.role == "tool"] == ["ok", "spawned", "/tmp"]
 
 
 async def test_forcing_a_custom_tool_constrains_the_call_to_it(
@@ -289,7 +289,7 @@ async def test_shell_and_apply_patch_calls_come_back_as_their_own_items(
     )
     second = await _create(http, previous_response_id=final.id, input=[output], tools=CLIENT_TOOLS)
     tool_turn = engine.calls[-1].prompt.request.messages[-1]
-    assert tool_turn.role == "tool" and tool_turn.content == "a.txt\n[exit code 0]"
+    assert tool_turn.role == "tool" and tool_turn.text == "a.txt\n[exit code 0]"
     (patch,) = second["output"]
     assert patch["type"] == "apply_patch_call"
     assert patch["operation"] == {"type": "create_file", "path": "b.txt", "diff": "+hello"}
@@ -302,7 +302,7 @@ async def test_shell_and_apply_patch_calls_come_back_as_their_own_items(
     await _create(http, input=history, tools=CLIENT_TOOLS)
     messages = engine.calls[-1].prompt.request.messages
     assert [c.name for m in messages for c in m.tool_calls] == ["apply_patch"]
-    assert messages[-1].content == "completed:"
+    assert messages[-1].text == "completed:"
     # a shell or apply_patch call can be forced
     caller.name, caller.arguments = "shell", {"commands": ["pwd"]}
     forced = await _create(http, input="where", tools=CLIENT_TOOLS, tool_choice={"type": "shell"})
