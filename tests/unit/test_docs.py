@@ -44,3 +44,9 @@ def test_flags_page_holds_what_serve_help_prints() -> None:
     for name in Settings.model_fields:
         assert f"| `--{name.replace('_', '-')}` |" in page
         assert f"| `RESPD_{name.upper()}` |" in page
+
+
+def test_client_matrix_page_is_rendered_from_the_record() -> None:
+    from tests.clients import matrix
+
+    assert matrix.page_section(matrix.PAGE.read_text()) == matrix.render(matrix.load())
