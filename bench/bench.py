@@ -12,7 +12,7 @@ case ("rewrite this file with one change": decode speed with and without n-gram
 speculation on each server). `--only` reruns some of these cases.
 
 Build llama-server from the llama.cpp sources vendored in the llama-cpp-python sdist of
-the installed version (see README, "Benchmark"), then:
+the installed version (see bench/README.md), then:
 
     python bench/bench.py --llama-server /path/to/llama-server
 """

@@ -137,7 +137,7 @@ _summary: list[str] = []
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Keep the committed matrix (and the README) in step with what ran."""
+    """Keep the committed matrix (and the manual's table) in step with what ran."""
     if not _results:
         return
     current = _current()
@@ -146,8 +146,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         ran = {(r.client, r.flow) for r in current}
         kept = [r for r in matrix.load() if (r.client, r.flow) not in ran]
         matrix.save(kept + current)
-        matrix.write_readme(kept + current)
-        _summary.append("recorded in tests/clients/matrix.json and the README")
+        matrix.write_page(kept + current)
+        _summary.append("recorded in tests/clients/matrix.json and docs/clients/compatibility.md")
         return
     committed = {(r.client, r.flow): r for r in matrix.load()}
     drift = [r for r in current if committed.get((r.client, r.flow)) != r]

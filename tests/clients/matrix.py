@@ -1,9 +1,9 @@
 """The compatibility matrix: which client, at which version, passed which flow.
 
 The client suite records every flow's result; `matrix.json` beside this file is the
-committed record, and the README's table is rendered from it (between two marker lines),
-so the README can only say what the suite last measured. `RESPD_UPDATE_CLIENT_MATRIX=1`
-rewrites both from a full run of the suite."""
+committed record, and the manual's table (docs/clients/compatibility.md, between two marker
+lines) is rendered from it, so the manual can only say what the suite last measured.
+`RESPD_UPDATE_CLIENT_MATRIX=1` rewrites both from a full run of the suite."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MATRIX_JSON = Path(__file__).with_name("matrix.json")
-README = Path(__file__).parents[2] / "README.md"
+PAGE = Path(__file__).parents[2] / "docs" / "clients" / "compatibility.md"
 BEGIN = "<!-- client-matrix:begin (generated from tests/clients/matrix.json) -->"
 END = "<!-- client-matrix:end -->"
 
@@ -48,13 +48,13 @@ def render(results: list[FlowResult]) -> str:
     return "\n".join(lines)
 
 
-def readme_section(text: str) -> str:
-    """The generated table as it stands in the README text."""
+def page_section(text: str) -> str:
+    """The generated table as it stands in the page's text."""
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     return text[start:end].strip()
 
 
-def write_readme(results: list[FlowResult], readme: Path = README) -> None:
-    text = readme.read_text()
+def write_page(results: list[FlowResult], page: Path = PAGE) -> None:
+    text = page.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-    readme.write_text(text[:start] + "\n" + render(results) + "\n" + text[end:])
+    page.write_text(text[:start] + "\n" + render(results) + "\n" + text[end:])

@@ -4,7 +4,7 @@ command through its `exec_command` function tool, edit a file through its freefo
 `apply_patch` custom tool (a Lark grammar), and compact a resumed session server-side
 (`compaction_trigger`). Each session must end normally (exit status 0).
 
-Codex is configured as the README shows (tests/clients/codex): a model catalog entry for
+Codex is configured as docs/clients/codex.md shows (tests/clients/codex): a model catalog entry for
 the default model (its context window, a short instruction text, the freeform
 apply_patch tool) and no sub-agent or goal tools. The 135M model is greedy here
 (`--temperature 0`) and is told exactly which call to write; what is tested is the

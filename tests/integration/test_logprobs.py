@@ -197,7 +197,7 @@ def solo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServe
     """A server of its own, one slot, that has served nothing: its prompt is decoded as a
     single sequence from an empty cache, exactly as the reference is. (A slot whose cached
     prefix was computed inside mixed batches gives logits that differ by up to ~0.2 nats:
-    batch shape changes the floating-point path; see the README's batching notes.)"""
+    batch shape changes the floating-point path; see docs/operating/performance.md.)"""
     srv = start_server(tmp_path_factory.mktemp("respd-solo"), "--parallel", "1", "--threads", "2")
     yield srv
     srv.stop()

@@ -6,7 +6,7 @@ then holds exactly the tokens decoded for the output.
 
 The prompts ask the model to repeat text it wrote (with the reply's first words given), so
 it copies with confident tokens: batches of other shapes round logits a little differently
-(see the README), which must not decide any token here."""
+(see docs/operating/performance.md), which must not decide any token here."""
 
 from __future__ import annotations
 

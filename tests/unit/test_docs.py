@@ -1,0 +1,52 @@
+"""The manual's generated pages match the code they are generated from."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from respd.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "gen_flags_doc", ROOT / "scripts/gen_flags_doc.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flags_page_is_regenerated_unchanged() -> None:
+    gen = _generator()
+    assert gen.PAGE.read_text() == gen.render(), "run scripts/gen_flags_doc.py"
+
+
+def test_flags_page_holds_what_serve_help_prints() -> None:
+    gen = _generator()
+    env = {**os.environ, **gen.HELP_ENV, "PYTHONPATH": str(ROOT / "src")}
+    printed = subprocess.run(
+        [sys.executable, "-m", "respd", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    page = gen.PAGE.read_text()
+    assert f"```text\n{printed}```" in page
+    for name in Settings.model_fields:
+        assert f"| `--{name.replace('_', '-')}` |" in page
+        assert f"| `RESPD_{name.upper()}` |" in page
+
+
+def test_client_matrix_page_is_rendered_from_the_record() -> None:
+    from tests.clients import matrix
+
+    assert matrix.page_section(matrix.PAGE.read_text()) == matrix.render(matrix.load())
