@@ -25,7 +25,7 @@ from respd.service.media.parts import ImageFallback
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 MARKER = "<__media__>"
 

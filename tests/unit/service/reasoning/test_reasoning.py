@@ -42,7 +42,7 @@ from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.service import build_echo
 from respd.service.responses.translate import input_to_messages
 from respd.service.tools.parser import ToolCallParser
-from tests.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_event, strict_response
 
 
 def _reader(style: ReasoningStyle, primed: bool, parser: ToolCallParser | None) -> ReasoningReader:
