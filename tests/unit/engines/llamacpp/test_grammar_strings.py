@@ -28,7 +28,7 @@ from respd.engines.llamacpp.grammar import (
 
 from .grammar_oracle import Grammar, schema_grammar
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def text(value: str) -> str:
