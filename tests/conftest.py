@@ -11,6 +11,6 @@ import os
 
 from hypothesis import settings
 
-settings.register_profile("quick", max_examples=40)
+settings.register_profile("quick", max_examples=30)
 settings.register_profile("thorough", max_examples=150)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "quick"))
