@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,11 +26,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.servers import free_port
+from tests.support.servers import free_port
 
 # The state key of a server whose answers become fixtures: sealed items a client hands back
 # (compaction, encrypted reasoning) open again when the unit tests replay them.
 FIXTURE_STATE_KEY = "respd client fixtures"
+FIXTURES = Path(__file__).with_name("fixtures")
 
 # The first object id in an answer: a JSON object's own, or the response in the first event.
 _ID = re.compile(rb'"id"\s*:\s*"((?:resp|conv|file|msg|fc)[-_][A-Za-z0-9_-]+)"')
@@ -158,3 +160,18 @@ class RunningProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=10)
+
+
+def save_fixtures(state: CaptureProxy) -> None:
+    """The JSON request bodies each flow sent, for the unit tests to replay."""
+    by_flow: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for r in state.requests:
+        upload = r.path == "/v1/files"  # multipart: replayed as an upload of its own
+        if r.method != "POST" or not r.flow or (r.body is None and not upload):
+            continue
+        item = {"path": r.path, "body": r.body, "created": r.created, "calls": r.calls}
+        by_flow.setdefault((r.client, r.flow), []).append(item)
+    for (client, name), items in by_flow.items():
+        path = FIXTURES / client / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(items, indent=2, ensure_ascii=False) + "\n")

@@ -6,35 +6,18 @@ that cannot be installed or imported fails its flows; nothing here is skipped.""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from tests.clients import matrix
-from tests.clients.capture import CaptureProxy, RunningProxy
-from tests.servers import RespdServer, start_server
-
-NODE_DIR = Path(__file__).with_name("node")
-FIXTURES = Path(__file__).with_name("fixtures")
-# The packages whose versions the matrix names, per client.
-PACKAGES = {
-    "openai-python": ["openai"],
-    "agents-python": ["openai-agents"],
-    "langchain": ["langchain-openai", "langchain-core"],
-    "pydantic-ai": ["pydantic-ai-slim"],
-    "litellm": ["litellm"],
-    "openai-node": ["openai"],
-    "vercel-ai": ["ai", "@ai-sdk/openai"],
-    "agents-js": ["@openai/agents"],
-    "codex": ["@openai/codex"],
-}
-NODE_CLIENTS = {"openai-node", "vercel-ai", "agents-js", "codex"}
+from tests.clients.capture import CaptureProxy, RunningProxy, save_fixtures
+from tests.clients.matrix import NODE_DIR
+from tests.support.servers import RespdServer, start_server
 
 _results: dict[tuple[str, str], str] = {}
 
@@ -97,22 +80,6 @@ def node_modules() -> Path:
     return NODE_DIR / "node_modules"
 
 
-def versions(client: str) -> str:
-    """What the matrix says about the client's installed packages."""
-    parts = []
-    for package in PACKAGES[client]:
-        if client in NODE_CLIENTS:
-            manifest = NODE_DIR / "node_modules" / package / "package.json"
-            version = json.loads(manifest.read_text())["version"] if manifest.exists() else "?"
-        else:
-            try:
-                version = metadata.version(package)
-            except metadata.PackageNotFoundError:
-                version = "?"
-        parts.append(f"{package} {version}")
-    return ", ".join(parts)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     report = yield
@@ -128,7 +95,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 def _current() -> list[matrix.FlowResult]:
     return [
-        matrix.FlowResult(client, name, versions(client), result)
+        matrix.FlowResult(client, name, matrix.versions(client), result)
         for (client, name), result in _results.items()
     ]
 
@@ -163,18 +130,3 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for text in _summary:
         terminalreporter.write_line("\n" + text)
-
-
-def save_fixtures(state: CaptureProxy) -> None:
-    """The JSON request bodies each flow sent, for the unit tests to replay."""
-    by_flow: dict[tuple[str, str], list[dict[str, object]]] = {}
-    for r in state.requests:
-        upload = r.path == "/v1/files"  # multipart: replayed as an upload of its own
-        if r.method != "POST" or not r.flow or (r.body is None and not upload):
-            continue
-        item = {"path": r.path, "body": r.body, "created": r.created, "calls": r.calls}
-        by_flow.setdefault((r.client, r.flow), []).append(item)
-    for (client, name), items in by_flow.items():
-        path = FIXTURES / client / f"{name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(items, indent=2, ensure_ascii=False) + "\n")

@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 MATRIX_JSON = Path(__file__).with_name("matrix.json")
 PAGE = Path(__file__).parents[2] / "docs" / "clients" / "compatibility.md"
 BEGIN = "<!-- client-matrix:begin (generated from tests/clients/matrix.json) -->"
 END = "<!-- client-matrix:end -->"
+NODE_DIR = Path(__file__).with_name("node")
+# The packages whose versions the matrix names, per client.
+PACKAGES = {
+    "openai-python": ["openai"],
+    "agents-python": ["openai-agents"],
+    "langchain": ["langchain-openai", "langchain-core"],
+    "pydantic-ai": ["pydantic-ai-slim"],
+    "litellm": ["litellm"],
+    "openai-node": ["openai"],
+    "vercel-ai": ["ai", "@ai-sdk/openai"],
+    "agents-js": ["@openai/agents"],
+    "codex": ["@openai/codex"],
+}
+NODE_CLIENTS = {"openai-node", "vercel-ai", "agents-js", "codex"}
 
 
 @dataclass(frozen=True, order=True)
@@ -58,3 +73,19 @@ def write_page(results: list[FlowResult], page: Path = PAGE) -> None:
     text = page.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     page.write_text(text[:start] + "\n" + render(results) + "\n" + text[end:])
+
+
+def versions(client: str) -> str:
+    """What the matrix says about the client's installed packages."""
+    parts = []
+    for package in PACKAGES[client]:
+        if client in NODE_CLIENTS:
+            manifest = NODE_DIR / "node_modules" / package / "package.json"
+            version = json.loads(manifest.read_text())["version"] if manifest.exists() else "?"
+        else:
+            try:
+                version = metadata.version(package)
+            except metadata.PackageNotFoundError:
+                version = "?"
+        parts.append(f"{package} {version}")
+    return ", ".join(parts)

@@ -18,7 +18,7 @@ from agents import (
 from openai.types.responses import ResponseFunctionToolCall, ResponseTextDeltaEvent
 
 from tests.clients.capture import CaptureProxy
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 CLIENT = "agents-python"
 

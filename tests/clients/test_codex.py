@@ -22,9 +22,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.capture import FIXTURE_STATE_KEY, Captured, CaptureProxy, RunningProxy
-from tests.clients.conftest import NODE_DIR, save_fixtures
-from tests.servers import RespdServer, start_server
+from tests.clients.capture import (
+    FIXTURE_STATE_KEY,
+    Captured,
+    CaptureProxy,
+    RunningProxy,
+    save_fixtures,
+)
+from tests.clients.matrix import NODE_DIR
+from tests.support.servers import RespdServer, start_server
 
 CODEX_DIR = Path(__file__).with_name("codex")
 CODEX = str(NODE_DIR / "node_modules" / ".bin" / "codex")

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.clients.capture import CaptureProxy
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 # LiteLLM reads its model price list from the network unless told to use its bundled copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.clients.capture import CaptureProxy
-from tests.clients.conftest import NODE_DIR
-from tests.servers import MODEL_ID
+from tests.clients.matrix import NODE_DIR
+from tests.support.servers import MODEL_ID
 
 FLOWS = {
     "openai-node": ["create", "stream", "function-tools", "zod-text-format", "conversations"],

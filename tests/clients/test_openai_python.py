@@ -19,7 +19,7 @@ from openai.types.responses import (
 from pydantic import BaseModel, Field
 
 from tests.clients.capture import CaptureProxy
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 CLIENT = "openai-python"
 

@@ -11,14 +11,14 @@ import httpx
 import openai
 import pytest
 
-from tests.pg import fresh_schema
-from tests.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
+from tests.support.pg import fresh_schema
+from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
 
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     """The shared server: default model, a 2048-token window so overflow tests stay cheap."""
-    srv = start_server(tmp_path_factory.mktemp("respd"), "--ctx-size", "2048", "--threads", "2")
+    srv = start_server(tmp_path_factory.mktemp("respd"), preset="small")
     yield srv
     srv.stop()
     srv.assert_no_5xx()
@@ -43,23 +43,13 @@ def stateful_server(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RespdServer]:
     """A server per store kind; tests using it run against each (postgresql: a schema of
-    its own in the test database, see tests/pg.py)."""
+    its own in the test database, see tests/support/pg.py)."""
     tmp = tmp_path_factory.mktemp(f"respd-{request.param}")
     with ExitStack() as exits:
         store = request.param
         if store == "postgresql":
             store = exits.enter_context(fresh_schema())
-        srv = start_server(
-            tmp,
-            "--store",
-            store,
-            "--data-dir",
-            str(tmp / "data"),
-            "--ctx-size",
-            "2048",
-            "--threads",
-            "2",
-        )
+        srv = start_server(tmp, "--store", store, "--data-dir", str(tmp / "data"), preset="small")
         yield srv
         srv.stop()
         srv.assert_no_5xx()
@@ -95,12 +85,9 @@ def family_server(
     family = request.param
     srv = start_server(
         tmp_path_factory.mktemp(f"respd-{family}"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
         "--chat-template",
         str(TEMPLATES / f"{family}.jinja"),
+        preset="small",
     )
     yield srv
     srv.stop()

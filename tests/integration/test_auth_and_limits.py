@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 KEY_A, KEY_B, KEY_C = "sk-alice-1", "sk-bob-2", "sk-carol-3"
 

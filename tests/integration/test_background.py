@@ -10,8 +10,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.servers import RespdServer, start_server
-from tests.stateful import (
+from tests.support.servers import RespdServer, start_server
+from tests.support.stateful import (
     LONG_PROMPT,
     create,
     engine_stats,

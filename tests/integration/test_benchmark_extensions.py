@@ -8,7 +8,7 @@ from __future__ import annotations
 import openai
 from openai.types.responses import Response
 
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 SAY_HI = [{"role": "user", "content": "Say hi."}]
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 
 def test_chat_non_stream(client: openai.OpenAI) -> None:

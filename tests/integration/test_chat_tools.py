@@ -10,8 +10,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.schemas import WEATHER_PARAMS
-from tests.servers import MODEL_ID
+from tests.support.schemas import WEATHER_PARAMS
+from tests.support.servers import MODEL_ID
 
 PARAMS = WEATHER_PARAMS
 TOOLS: list[Any] = [

@@ -12,7 +12,7 @@ import httpx
 import openai
 
 from respd.engines.llamacpp.slots import common_prefix
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 PROMPTS = [
     "What is 2+2?",

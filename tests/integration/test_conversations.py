@@ -10,8 +10,8 @@ import pytest
 from openai.types.conversations import Conversation, ConversationItem
 from pydantic import TypeAdapter
 
-from tests.servers import MODEL_ID, RespdServer
-from tests.stateful import create
+from tests.support.servers import MODEL_ID, RespdServer
+from tests.support.stateful import create
 
 ITEM = TypeAdapter(ConversationItem)
 

@@ -13,8 +13,8 @@ import pytest
 import zstandard
 
 from respd.service.tools.freeform import lark_to_regex
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID
 
 PHONE = r"\d{3}-\d{4}"
 

@@ -18,9 +18,9 @@ import openai
 import psycopg
 import pytest
 
-from tests.pg import fresh_schema
-from tests.servers import MODEL_ID, RespdServer, start_server
-from tests.stateful import create, strict
+from tests.support.pg import fresh_schema
+from tests.support.servers import MODEL_ID, RespdServer, start_server
+from tests.support.stateful import create, strict
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

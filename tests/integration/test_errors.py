@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 
 def _error(r: httpx.Response, status: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 EXAMPLES_PER_ROUTE = 40
 CHECKS = [

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers import MODEL_ID, RespdServer
+from tests.support.servers import MODEL_ID, RespdServer
 
 BOMBS = [
     {"type": "string", "minLength": 1_000_000_000},

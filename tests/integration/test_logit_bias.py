@@ -11,7 +11,7 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 SAY_HI = [{"role": "user", "content": "Say hi."}]
 

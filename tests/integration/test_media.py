@@ -14,7 +14,7 @@ import openai
 import pytest
 from PIL import Image as PILImage
 
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 
 def png(color: str = "red", size: tuple[int, int] = (32, 32)) -> bytes:
@@ -77,10 +77,6 @@ def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServ
     """Small limits and remote fetching switched on."""
     srv = start_server(
         tmp_path_factory.mktemp("respd-media"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
         "--store",
         "memory",
         "--allow-remote-media",
@@ -90,6 +86,7 @@ def media_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServ
         "64",
         "--max-input-file-bytes",
         "1000",
+        preset="small",
     )
     yield srv
     srv.stop()

@@ -17,8 +17,8 @@ import pytest
 from PIL import Image as PILImage
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import MODEL_ID, RespdServer, start_server
-from tests.vision_fixture import png_bytes, write_projector
+from tests.support.gguf.llava import png_bytes, write_projector
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 
 def png(color: str = "red", size: tuple[int, int] = (64, 48)) -> bytes:
@@ -71,14 +71,11 @@ def metrics(server: RespdServer) -> dict[tuple[str, frozenset[tuple[str, str]]],
 def placeholder_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     srv = start_server(
         tmp_path_factory.mktemp("respd-placeholder"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
         "--store",
         "memory",
         "--image-input-fallback",
         "placeholder",
+        preset="small",
     )
     yield srv
     srv.stop()
@@ -172,14 +169,11 @@ def vision_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdSer
         tmp,
         "--mmproj",
         str(mmproj),
-        "--ctx-size",
-        "1024",
-        "--threads",
-        "2",
         "--parallel",
         "2",
         "--store",
         "memory",
+        preset="compact",
     )
     yield srv
     srv.stop()

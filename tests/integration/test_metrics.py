@@ -10,7 +10,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import MODEL_ID, start_server
+from tests.support.servers import MODEL_ID, start_server
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -39,7 +39,7 @@ def test_metrics_after_a_real_generation(client: openai.OpenAI, http: httpx.Clie
 
 
 def test_json_logs_carry_the_request_id(tmp_path: Path) -> None:
-    server = start_server(tmp_path, "--ctx-size", "1024", "--threads", "2", "--log-format", "json")
+    server = start_server(tmp_path, "--log-format", "json", preset="compact")
     try:
         r = httpx.post(
             server.base_url + "/v1/responses",

@@ -23,8 +23,8 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from tests.servers import MODEL_ID, RespdServer, start_server
-from tests.vision_fixture import png_bytes, write_projector
+from tests.support.gguf.llava import png_bytes, write_projector
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 DOC = json.loads((Path(__file__).parents[1] / "data" / "openresponses-openapi.json").read_text())
 _REGISTRY = Registry().with_resource(

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from openai.types.responses import Response
 
-from tests.sdk_types import strict_event
-from tests.servers import RespdServer
+from tests.support.sdk_types import strict_event
+from tests.support.servers import RespdServer
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 DEFAULT_URL = "http://127.0.0.1:8080"

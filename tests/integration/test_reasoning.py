@@ -18,8 +18,8 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID, TEMPLATES, RespdServer, start_server
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID, TEMPLATES, RespdServer, start_server
 
 ANSWER = {
     "type": "json_schema",
@@ -43,20 +43,17 @@ CONSTRAINED: dict[str, Any] = {
 
 
 STATE_KEY = "a key every replica shares"
-THINK_ARGS = (
-    "--ctx-size",
-    "2048",
-    "--threads",
-    "2",
-    "--chat-template",
-    str(TEMPLATES / "think.jinja"),
-)
+THINK_ARGS = ("--chat-template", str(TEMPLATES / "think.jinja"))
 
 
 @pytest.fixture(scope="module")
 def think_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     srv = start_server(
-        tmp_path_factory.mktemp("respd-think"), *THINK_ARGS, "--state-key", STATE_KEY
+        tmp_path_factory.mktemp("respd-think"),
+        *THINK_ARGS,
+        "--state-key",
+        STATE_KEY,
+        preset="small",
     )
     yield srv
     srv.stop()
@@ -372,9 +369,13 @@ def test_encrypted_reasoning_round_trips_to_another_process_with_the_key(
         "content": [{"type": "reasoning_text", "text": thought}],
     }
     other = start_server(
-        tmp_path_factory.mktemp("respd-think-2"), *THINK_ARGS, "--state-key", STATE_KEY
+        tmp_path_factory.mktemp("respd-think-2"),
+        *THINK_ARGS,
+        "--state-key",
+        STATE_KEY,
+        preset="small",
     )
-    stranger = start_server(tmp_path_factory.mktemp("respd-think-3"), *THINK_ARGS)
+    stranger = start_server(tmp_path_factory.mktemp("respd-think-3"), *THINK_ARGS, preset="small")
     try:
         oc = other.client(timeout=120)
         restored = _tokens(oc, input=[user, sealed, assistant, follow])

@@ -13,9 +13,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.pg import fresh_schema
-from tests.servers import RespdServer, start_server
-from tests.stateful import (
+from tests.support.pg import fresh_schema
+from tests.support.servers import RespdServer, start_server
+from tests.support.stateful import (
     LONG_PROMPT,
     create,
     engine_stats,

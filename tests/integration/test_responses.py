@@ -9,8 +9,8 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID, RespdServer
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID, RespdServer
 
 
 def test_string_input_completes(client: openai.OpenAI, http: httpx.Client) -> None:

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import openai
 
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID, start_server
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID, start_server
 
 STORY = "Write a very long story about a lighthouse keeper and the sea."
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 HEADER_TIMEOUT = 1.0
 STALLED = 50
@@ -20,14 +20,11 @@ STALLED = 50
 def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     srv = start_server(
         tmp_path_factory.mktemp("respd-slow"),
-        "--ctx-size",
-        "2048",
-        "--threads",
-        "2",
         "--store",
         "memory",
         "--header-timeout-secs",
         str(HEADER_TIMEOUT),
+        preset="small",
     )
     yield srv
     srv.stop()

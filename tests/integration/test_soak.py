@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 CLIENTS = 32
 SOAK_SECS = 60.0

@@ -11,8 +11,8 @@ import pytest
 from openai.types.responses import ResponseItem
 from pydantic import TypeAdapter
 
-from tests.servers import MODEL_ID, RespdServer
-from tests.stateful import create, strict, strict_event
+from tests.support.servers import MODEL_ID, RespdServer
+from tests.support.stateful import create, strict, strict_event
 
 ITEM = TypeAdapter(ResponseItem)
 

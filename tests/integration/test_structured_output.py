@@ -10,8 +10,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.sdk_types import strict_response
-from tests.servers import MODEL_ID
+from tests.support.sdk_types import strict_response
+from tests.support.servers import MODEL_ID
 
 
 class Pet(BaseModel):

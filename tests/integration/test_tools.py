@@ -18,9 +18,9 @@ import openai
 import pytest
 from openai.types.responses import Response, ResponseFunctionToolCall
 
-from tests.schemas import WEATHER_PARAMS
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID, RespdServer
+from tests.support.schemas import WEATHER_PARAMS
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID, RespdServer
 
 WEATHER = {
     "type": "function",

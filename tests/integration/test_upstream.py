@@ -18,10 +18,10 @@ import httpx
 import openai
 import pytest
 
-from tests import upstream_flows as flows
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import MODEL_ID, RespdServer, start_server
-from tests.stateful import LONG_PROMPT
+from tests.support import upstream_flows as flows
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import MODEL_ID, RespdServer, start_server
+from tests.support.stateful import LONG_PROMPT
 
 
 def start_pair(tmp: Path) -> tuple[RespdServer, RespdServer]:

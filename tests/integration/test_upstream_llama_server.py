@@ -23,9 +23,9 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.llamacpp import cpu_advertises_amx
-from tests import upstream_flows as flows
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import RespdServer, free_port, start_server
+from tests.support import upstream_flows as flows
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import RespdServer, free_port, start_server
 
 ENV = "RESPD_TEST_LLAMA_SERVER"
 MODEL = "smol"

@@ -1,5 +1,5 @@
 """Image input through llama.cpp's mtmd with a real projector GGUF the tests write themselves
-(`vision_fixture.py`: a tiny random-weight CLIP tower + `mlp` projector into SmolLM2's
+(`tests/support/gguf/llava.py`: a tiny random-weight CLIP tower + `mlp` projector into SmolLM2's
 embedding space, 16 image tokens per image).
 
 The first part drives `LlamaCppEngine(..., mmproj=...)` in-process: real llama.cpp decoding,
@@ -26,8 +26,8 @@ from respd.engines.base import ChatMessage, GenerationDone, Image, SamplingParam
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.slots import common_prefix
 from respd.engines.prompting import MEDIA_MARKER
-from tests.servers import MODEL_ID, RespdServer, free_port, start_server
-from tests.vision_fixture import IMAGE_TOKENS, png_bytes, write_projector
+from tests.support.gguf.llava import IMAGE_TOKENS, png_bytes, write_projector
+from tests.support.servers import MODEL_ID, RespdServer, free_port, start_server
 
 RED = Image(png_bytes((200, 20, 20)), "image/png")
 BLUE = Image(png_bytes((20, 20, 220)), "image/png")
@@ -321,14 +321,11 @@ def vision_server(mmproj: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         tmp_path_factory.mktemp("respd-vision"),
         "--mmproj",
         str(mmproj),
-        "--ctx-size",
-        "1024",
-        "--threads",
-        "2",
         "--parallel",
         "3",
         "--store",
         "memory",
+        preset="compact",
     )
     yield srv
     srv.stop()

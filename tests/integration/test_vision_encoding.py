@@ -1,6 +1,7 @@
 """Image encoding off the decode thread: `image_encode="background"` against `"inline"`.
 
-Real llama.cpp and mtmd throughout (SmolLM2 and the tiny projector of `vision_fixture.py`).
+Real llama.cpp and mtmd throughout (SmolLM2 and the tiny projector of
+`tests/support/gguf/llava.py`).
 Its encodes take milliseconds, so where a test needs a slow (or failing) one it wraps the
 projector's `embeddings`, where the vision encoder runs, on the instance: those images sleep
 first, then encode for real (or fail). The sleep needs no CPU, so what the other sequences
@@ -22,9 +23,9 @@ from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, GenerationDone, Image, SamplingParams, TokenChunk
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector
-from tests.integration.engines.output import Output, collect
-from tests.servers import MODEL_ID
-from tests.vision_fixture import png_bytes, write_projector
+from tests.support.engine import Output, collect
+from tests.support.gguf.llava import png_bytes, write_projector
+from tests.support.servers import MODEL_ID
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 

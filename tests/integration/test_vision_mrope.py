@@ -1,5 +1,6 @@
 """Image input on an M-RoPE model (the Qwen2/2.5/3-VL family), with a real random-weight
-`qwen2vl` text model and `qwen2vl_merger` projector the tests write (`qwen2vl_fixture.py`).
+`qwen2vl` text model and `qwen2vl_merger` projector the tests write
+(`tests/support/gguf/qwen2vl.py`).
 
 An image's tokens sit on a grid: they take max(rows, columns) positions, not one per token,
 so everything after an image is decoded at a position below its index in the token list.
@@ -26,10 +27,10 @@ from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, Image, SamplingParams
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.prompting import MEDIA_MARKER
-from tests.integration.engines.output import Output, capture_first_logits, collect
-from tests.qwen2vl_fixture import TOKEN_SIDE, write_qwen2vl_model, write_qwen2vl_projector
-from tests.servers import RespdServer, start_server
-from tests.vision_fixture import png_bytes
+from tests.support.engine import Output, capture_first_logits, collect
+from tests.support.gguf.llava import png_bytes
+from tests.support.gguf.qwen2vl import TOKEN_SIDE, write_qwen2vl_model, write_qwen2vl_projector
+from tests.support.servers import RespdServer, start_server
 
 MODEL = "qwen2vl-test"
 # 64x48 pixels → a 4x3 grid of image tokens: 12 tokens over 4 positions.
@@ -256,7 +257,8 @@ def server(
     srv = start_server(
         tmp_path_factory.mktemp("respd-qwen2vl"),
         "--model", str(model), "--model-alias", MODEL, "--mmproj", str(mmproj),
-        "--ctx-size", "2048", "--threads", "2", "--parallel", "2", "--store", "memory",
+        "--parallel", "2", "--store", "memory",
+        preset="small",
     )  # fmt: skip
     yield srv
     srv.stop()

@@ -10,8 +10,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.sdk_types import strict_response
-from tests.servers import MODEL_ID, RespdServer, start_server
+from tests.support.sdk_types import strict_response
+from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 

@@ -15,8 +15,7 @@ from fastapi import FastAPI
 from respd.api.app import create_app
 from respd.engines.fake import FakeEngine
 from respd.store import MemoryStore
-
-FAKE_MODEL = "fake-model"
+from tests.support.fake import FAKE_MODEL
 
 
 @pytest.fixture()

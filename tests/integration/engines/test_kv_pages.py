@@ -11,7 +11,7 @@ import pytest
 
 from respd.config import embedded_model_path
 from respd.engines.base import ChatMessage, PromptRequest, SamplingParams
-from tests.integration.engines.output import collect, embedded_engine
+from tests.support.engine import collect, embedded_engine
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="pages are handed back on Linux only"

@@ -21,8 +21,8 @@ from respd.engines.base import (
 )
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.kvtier import HEADER
-from tests.integration.engines.output import capture_first_logits, collect
-from tests.servers import MODEL_ID
+from tests.support.engine import capture_first_logits, collect
+from tests.support.servers import MODEL_ID
 
 FACTS = " ".join(
     f"Fact {i}: the {c} lighthouse on island {i} was painted {c} in {1900 + 7 * i}."

@@ -19,7 +19,7 @@ from respd.engines.base import (
 )
 from respd.engines.constraints import Constraint
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import collect, embedded_engine
+from tests.support.engine import collect, embedded_engine
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,8 @@ from respd.engines.base import (
     SamplingParams,
 )
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import collect
-from tests.servers import MODEL_ID
+from tests.support.engine import collect
+from tests.support.servers import MODEL_ID
 
 
 @pytest.fixture()

@@ -11,7 +11,7 @@ import pytest
 
 from respd.engines.base import ChatMessage, GenerationDone, PromptRequest, SamplingParams
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.integration.engines.output import collect, embedded_engine
+from tests.support.engine import collect, embedded_engine
 
 SYSTEM = ChatMessage(
     "system",

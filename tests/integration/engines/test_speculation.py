@@ -29,8 +29,8 @@ from respd.engines.constraints import Constraint
 from respd.engines.llamacpp import LlamaCppEngine
 from respd.engines.llamacpp.slots import Slot
 from respd.engines.llamacpp.speculation import NgramSpeculation
-from tests.integration.engines.output import Output, collect
-from tests.servers import MODEL_ID
+from tests.support.engine import Output, collect
+from tests.support.servers import MODEL_ID
 
 SPECULATION = NgramSpeculation(draft_max=8, ngram_min=3, ngram_max=5)
 LIGHTHOUSE = (

@@ -14,7 +14,7 @@ import pytest
 from respd.api.body import MAX_JSON_DEPTH, check_json, load_json
 from respd.engines.fake import FakeEngine
 from respd.protocol.errors import InvalidRequest
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 CHAT_MESSAGES = [{"role": "user", "content": "hi"}]
 ROUTES: list[tuple[str, dict[str, Any]]] = [

@@ -24,7 +24,7 @@ from respd.api.quotas import KeyQuotas, QuotaSettings, _duration
 from respd.engines.fake import FakeEngine, Reply
 from respd.service.limits import InputLimits, text_chars
 from respd.store import MemoryStore
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 ORIGIN = "https://app.example"
 BODY = {"model": FAKE_MODEL, "input": "hi"}

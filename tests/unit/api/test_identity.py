@@ -16,7 +16,7 @@ from respd.api.app import create_app
 from respd.api.identity import KeyRing, parse_keys_file
 from respd.engines.fake import FakeEngine, Reply
 from respd.store import MemoryStore
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 KEY_A, KEY_B = "sk-alice-0123456789", "sk-bob-9876543210"
 

@@ -16,7 +16,7 @@ from respd.api.identity import KeyRing
 from respd.engines.base import EngineStats
 from respd.engines.fake import FakeEngine, Reply
 from respd.store import MemoryStore
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -17,8 +17,8 @@ from respd.api.guard import GuardSettings
 from respd.api.identity import KeyRing
 from respd.engines.fake import FakeEngine
 from respd.store import MemoryStore
-from tests.sdk_types import strict_response
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
+from tests.support.sdk_types import strict_response
 
 EVENTS: TypeAdapter[ResponsesServerEvent] = TypeAdapter(ResponsesServerEvent)
 

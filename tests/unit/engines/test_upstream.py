@@ -17,7 +17,7 @@ from respd.api.app import create_app
 from respd.engines.base import CallDelta, TokenChunk
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec, merge_chunks, read_sse
 from respd.store import MemoryStore
-from tests.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_event, strict_response
 
 MODEL = "served-model"
 

@@ -1,5 +1,5 @@
 """One contract for every store: memory, sqlite and postgresql (a real database, see
-tests/pg.py) must behave alike through the `Store` protocol.
+tests/support/pg.py) must behave alike through the `Store` protocol.
 
 Each test builds stores with a fake clock (so retention and leases are tested without
 waiting) and runs its body in one event loop. Where shared and single-process stores differ
@@ -30,7 +30,7 @@ from respd.store.base import (
 from respd.store.memory import file_limits
 from respd.store.migrations import MIGRATIONS
 from respd.store.postgres import PostgresStore
-from tests.pg import fresh_schema, postgres_dsn
+from tests.support.pg import fresh_schema, postgres_dsn
 
 BIG = 1 << 40
 KINDS = ["memory", "sqlite", "postgresql"]

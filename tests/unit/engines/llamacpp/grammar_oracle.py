@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,12 @@ class Grammar:
 
 
 def schema_grammar(schema: dict[str, Any]) -> Grammar:
-    """The grammar respd builds for an answer that must follow `schema`."""
+    """The grammar respd builds for an answer that must follow `schema` (built once per
+    schema: `admits` starts from the grammar's root each time, so a grammar is reusable)."""
+    return _schema_grammar(json.dumps(schema))
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_grammar(key: str) -> Grammar:
     builder = GrammarBuilder()
-    return Grammar(builder.build(builder.schema_rule(schema, "answer")))
+    return Grammar(builder.build(builder.schema_rule(json.loads(key), "answer")))

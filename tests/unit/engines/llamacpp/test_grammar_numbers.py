@@ -25,7 +25,7 @@ from respd.engines.llamacpp.grammar import (
 
 from .grammar_oracle import schema_grammar
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Bounds as clients write them: small integers, decimals with a few digits, awkward floats.
 BOUND = st.one_of(

@@ -12,8 +12,8 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types.responses import Response
 
 from respd.engines.fake import FakeEngine, Reply
-from tests.sdk_types import strict_event, strict_response
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
+from tests.support.sdk_types import strict_event, strict_response
 
 WEATHER = {
     "type": "function",

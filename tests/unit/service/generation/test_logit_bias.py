@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from respd.engines.fake import FakeEngine
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

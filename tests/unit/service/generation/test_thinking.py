@@ -42,7 +42,7 @@ from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.runner import build_echo
 from respd.service.responses.translate import input_to_messages
-from tests.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_event, strict_response
 
 
 def _reader(style: ReasoningStyle, primed: bool, parser: ToolCallParser | None) -> ReasoningReader:

@@ -31,7 +31,7 @@ from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
 from respd.store.base import FileRecord
-from tests.servers import TEMPLATES
+from tests.support.servers import TEMPLATES
 
 
 def png(color: str = "red", size: tuple[int, int] = (32, 32), fmt: str = "PNG") -> bytes:

@@ -26,7 +26,7 @@ from respd.service.media.parts import ImageFallback
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.responses.translate import input_to_messages
 from respd.store import MemoryStore
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
 
 
 def png(color: str = "red", size: tuple[int, int] = (64, 48)) -> bytes:

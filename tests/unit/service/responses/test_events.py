@@ -11,7 +11,7 @@ from respd.service.generation.output import Usage
 from respd.service.generation.stops import StopMatcher
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.runner import build_echo
-from tests.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_event, strict_response
 
 
 def _machine() -> ResponseEventMachine:

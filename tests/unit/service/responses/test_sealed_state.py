@@ -15,9 +15,9 @@ from respd.engines.fake import FakeEngine, Reply
 from respd.service.responses.text_items import summarize_reasoning
 from respd.service.responses.translate import SUMMARY_HEADER
 from respd.service.sealing import Sealer, Unsealable
-from tests.sdk_types import strict_event, strict_response
-from tests.servers import TEMPLATES
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
+from tests.support.sdk_types import strict_event, strict_response
+from tests.support.servers import TEMPLATES
 
 THOUGHT = "The user greets; greet back."
 

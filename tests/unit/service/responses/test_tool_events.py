@@ -10,7 +10,7 @@ from respd.service.generation.output import Usage
 from respd.service.generation.toolcalls import ToolCallParser
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.runner import build_echo
-from tests.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_event, strict_response
 
 OUTPUT = (
     "Checking both.\n<tool_call>\n"

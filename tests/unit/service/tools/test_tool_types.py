@@ -12,8 +12,8 @@ import pytest
 
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
-from tests.sdk_types import strict_event, strict_response
-from tests.unit.conftest import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL
+from tests.support.sdk_types import strict_event, strict_response
 
 PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
 TOOLS: list[dict[str, Any]] = [

@@ -1,4 +1,4 @@
-"""Helpers for the store/chaining/background tests, built on `tests/sdk_types.py`."""
+"""Helpers for the store/chaining/background tests, built on `tests/support/sdk_types.py`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 from openai.types.responses import Response
 
-from tests import sdk_types
-from tests.servers import MODEL_ID
+from tests.support import sdk_types
+from tests.support.servers import MODEL_ID
 
 LONG_PROMPT = "Count from 1 to 1000, separated by commas."
 

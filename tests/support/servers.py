@@ -16,8 +16,15 @@ import httpx
 import openai
 
 MODEL_ID = "smollm2-135m-instruct"
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parents[1] / "templates"
 TOOL_FAMILIES = ("qwen", "llama3", "mistral")
+# Named flag sets that many servers share; a test adds what it needs on top.
+PRESETS: dict[str, tuple[str, ...]] = {
+    # The shared server's: a 2048-token window keeps overflow tests cheap.
+    "small": ("--ctx-size", "2048", "--threads", "2"),
+    # A 1024-token window, for servers whose tests send short prompts.
+    "compact": ("--ctx-size", "1024", "--threads", "2"),
+}
 _5XX = re.compile(r'" (5\d\d) ')
 
 
@@ -71,7 +78,12 @@ class RespdServer:
         assert "Traceback" not in self.log(), self.log()[-4000:]
 
 
-def start_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> RespdServer:
+def start_server(
+    tmp_dir: Path, *args: str, preset: str | None = None, env: dict[str, str] | None = None
+) -> RespdServer:
+    """`respd serve` with the preset's flags (if any), then `args`, once it answers /health."""
+    if preset is not None:
+        args = (*PRESETS[preset], *args)
     port = free_port()
     log_path = tmp_dir / f"respd-{port}.log"
     cmd = [sys.executable, "-m", "respd", "serve", "--port", str(port), *args]

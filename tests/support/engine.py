@@ -18,7 +18,7 @@ from respd.engines.base import (
     TokenLogprob,
 )
 from respd.engines.llamacpp import LlamaCppEngine
-from tests.servers import MODEL_ID
+from tests.support.servers import MODEL_ID
 
 
 @dataclass

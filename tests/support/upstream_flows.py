@@ -11,7 +11,7 @@ from typing import Any
 import openai
 from openai.types.responses import Response
 
-from tests.stateful import LONG_PROMPT, poll
+from tests.support.stateful import LONG_PROMPT, poll
 
 Create = Callable[..., Response]
 ANSWER_SCHEMA: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.vision_fixture import add_vit_blocks, ones, zeros
+from tests.support.gguf.llava import add_vit_blocks, ones, zeros
 
 # Text model.
 N_EMBD = 64
