@@ -128,7 +128,6 @@ class LlamaCppEngine:
         self.vision = False
         self.parallel = parallel
         self.max_queue = max_queue
-        self.speculation = speculation
         self._model = _load_model(model_path, repack)
         self.context_window = n_ctx
         self.n_vocab: int | None = self._model.n_vocab()
@@ -144,7 +143,7 @@ class LlamaCppEngine:
         self._open_context(cparams)
         self._open_projector(mmproj, image_threads if image_encode == "background" else n_threads)
         self._detect_profile(chat_template, sampling, n_ctx)
-        self._start_worker(n_threads, image_encode, image_threads)
+        self._start_worker(speculation, n_threads, image_encode, image_threads)
 
     # -- the steps of loading -------------------------------------------------------------
 
@@ -234,7 +233,13 @@ class LlamaCppEngine:
             - self._stop_ids
         )
 
-    def _start_worker(self, n_threads: int, image_encode: ImageEncode, image_threads: int) -> None:
+    def _start_worker(
+        self,
+        speculation: NgramSpeculation | None,
+        n_threads: int,
+        image_encode: ImageEncode,
+        image_threads: int,
+    ) -> None:
         self._slots = [Slot(i) for i in range(self.parallel)]
         self._pending: deque[Job] = deque()
         # The worker's, shared with admission and `stats()`; reentrant (see `JobStream`).
@@ -255,7 +260,7 @@ class LlamaCppEngine:
             max_queue=self.max_queue,
             context_window=self.context_window,
             n_batch=self._n_batch,
-            speculation=self.speculation,
+            speculation=speculation,
             default_sampling=self.default_sampling,
             stop_ids=self._stop_ids,
             text_marker_ids=self._text_marker_ids,
@@ -264,6 +269,16 @@ class LlamaCppEngine:
             image_threads=image_threads,
         )
         self._worker.start()
+
+    @property
+    def speculation(self) -> NgramSpeculation | None:
+        """Prompt-lookup drafting (None: off); the worker reads it at each draft, so setting
+        it takes effect at the next step."""
+        return self._worker.speculation
+
+    @speculation.setter
+    def speculation(self, value: NgramSpeculation | None) -> None:
+        self._worker.speculation = value
 
     @property
     def _worker_error(self) -> str | None:
