@@ -164,18 +164,18 @@ def test_the_sequence_holds_grid_positions(engine: LlamaCppEngine) -> None:
     tokens = prompt_of(engine, "Where", [WIDE], after=" now?")
     (chunk,) = engine._projector.image(WIDE).chunks  # type: ignore[union-attr]
     seen: list[int] = []
-    real = engine._finish
+    real = engine._worker._finish
 
     def finish(job: Any, reason: Any, **kw: Any) -> None:
         if job.slot is not None:
             seen.append(llama_cpp.llama_memory_seq_pos_max(engine._mem, job.slot.seq_id))
         real(job, reason, **kw)
 
-    engine._finish = finish  # type: ignore[method-assign]
+    engine._worker._finish = finish  # type: ignore[method-assign]
     try:
         (out,) = run(engine, [(tokens, [WIDE])], SamplingParams(temperature=0, max_tokens=4))
     finally:
-        del engine._finish
+        del engine._worker._finish
     # Prompt and output, less what the grid saves, minus the last sample (never decoded).
     decoded = len(tokens) + out.finished.completion_tokens - 1
     assert seen == [decoded - 1 - (chunk.n_tokens - chunk.n_pos)]

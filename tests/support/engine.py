@@ -54,7 +54,7 @@ def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
     """Record the whole logits row of each request's first sample (the next-token
     distribution right after its prompt), read from llama.cpp before the engine samples."""
     rows: list[Any] = []
-    real = engine._sample
+    real = engine._worker._sample
     n_vocab = engine._model.n_vocab()
 
     def sample(job: Any, idx: int) -> None:
@@ -63,7 +63,7 @@ def capture_first_logits(engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
             rows.append(np.ctypeslib.as_array(logits, shape=(n_vocab,)).copy())
         real(job, idx)
 
-    monkeypatch.setattr(engine, "_sample", sample)
+    monkeypatch.setattr(engine._worker, "_sample", sample)
     return rows
 
 

@@ -62,7 +62,7 @@ def test_penalties_generate(engine: LlamaCppEngine) -> None:
 def test_a_failing_sampler_fails_only_its_request(
     engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = engine._make_sampler
+    real = engine._worker._make_sampler
     calls = {"n": 0}
 
     def flaky(params: SamplingParams, **kw: Any) -> Any:
@@ -71,7 +71,7 @@ def test_a_failing_sampler_fails_only_its_request(
             raise TypeError("a sampler that cannot be built")
         return real(params, **kw)
 
-    monkeypatch.setattr(engine, "_make_sampler", flaky)
+    monkeypatch.setattr(engine._worker, "_make_sampler", flaky)
 
     async def main() -> list[GenerationDone]:
         params = SamplingParams(max_tokens=8, temperature=0)
@@ -166,7 +166,7 @@ def test_a_dead_worker_is_unhealthy_and_fails_requests(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
             assert (await http.get("/health")).status_code == 200
-            monkeypatch.setattr(engine, "_step_once", die)
+            monkeypatch.setattr(engine._worker, "_step_once", die)
             _, done = await asyncio.wait_for(_run(engine, SamplingParams(max_tokens=8)), timeout=30)
             assert done.finish_reason == "error"
             health = await http.get("/health")

@@ -141,13 +141,13 @@ def test_a_stop_token_inside_a_draft_ends_the_output(
     engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     drafts: list[list[int]] = []
-    verify = engine._verify
+    verify = engine._worker._verify
 
     def recording(job: Any, idx: int) -> None:
         drafts.append(list(job.draft))
         verify(job, idx)
 
-    monkeypatch.setattr(engine, "_verify", recording)
+    monkeypatch.setattr(engine._worker, "_verify", recording)
     prompt = repeat_prompt(engine, FOX)
     [plain], _, _ = generate(engine, [prompt], GREEDY, speculation=False)
     [run], drafted, accepted = generate(engine, [prompt], GREEDY, speculation=True)
@@ -157,7 +157,7 @@ def test_a_stop_token_inside_a_draft_ends_the_output(
     # there were taken, the end of turn was sampled at a draft position and ended the
     # output, and the draft tokens after it were dropped.
     last = drafts[-1]
-    stop_at = next(i for i, t in enumerate(last) if engine._is_stop(t))
+    stop_at = next(i for i, t in enumerate(last) if engine._worker._is_stop(t))
     assert 0 < stop_at < len(last) - 1
     assert run.tokens[-stop_at:] == last[:stop_at]
     assert drafted - accepted == len(last) - stop_at

@@ -12,12 +12,27 @@ from __future__ import annotations
 
 import ctypes
 import math
+import random
 from collections.abc import Collection, Mapping
 from typing import Any
 
 import llama_cpp
 import numpy as np
 from llama_cpp import _internals
+
+from respd.engines.base import SamplingParams
+
+# Sampling when neither the request nor the GGUF metadata says otherwise (llama-server's).
+FALLBACK_SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05}
+# GGUF keys where a model's authors recommend its sampling (`general.sampling.*`).
+SAMPLING_METADATA = {
+    "temperature": "general.sampling.temp",
+    "top_p": "general.sampling.top_p",
+    "top_k": "general.sampling.top_k",
+    "min_p": "general.sampling.min_p",
+    "repeat_penalty": "general.sampling.penalty_repeat",
+}
+PENALTY_LAST_N = 64  # tokens the repetition penalties look back over
 
 
 class GrammarCheckedSampler:
@@ -84,3 +99,61 @@ def token_block(n_vocab: int, tokens: Collection[int]) -> Any:
     its chain can pick them (how `ignore_eos`/`min_tokens` keep the output going, as
     llama-server does)."""
     return logit_bias(n_vocab, dict.fromkeys(tokens, -math.inf))
+
+
+def recommended_sampling(metadata: dict[str, str]) -> dict[str, float]:
+    """The sampling a GGUF's `general.sampling.*` metadata recommends (what is present)."""
+    out: dict[str, float] = {}
+    for name, key in SAMPLING_METADATA.items():
+        try:
+            out[name] = float(metadata[key])
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+def sampler_chain(
+    p: SamplingParams,
+    defaults: Mapping[str, float],
+    n_vocab: int,
+    block: Collection[int] | None = None,
+) -> ctypes.c_void_p:
+    """A llama.cpp sampler chain for `p`, with `defaults` for what `p` leaves unset. With
+    `block`, the chain starts with a block on those tokens (see `token_block`)."""
+    d = defaults
+    temperature = d["temperature"] if p.temperature is None else p.temperature
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    try:
+        add = llama_cpp.llama_sampler_chain_add
+        if block is not None:  # first, where the worker's `_lift_eog_block` finds it
+            add(chain, token_block(n_vocab, block))
+        if p.logit_bias:
+            add(chain, logit_bias(n_vocab, p.logit_bias))
+        repeat = d.get("repeat_penalty", 1.0) if p.repeat_penalty is None else p.repeat_penalty
+        if p.presence_penalty or p.frequency_penalty or repeat != 1.0:
+            add(
+                chain,
+                llama_cpp.llama_sampler_init_penalties(
+                    n_vocab,
+                    PENALTY_LAST_N,
+                    repeat,
+                    p.frequency_penalty,
+                    p.presence_penalty,
+                ),
+            )
+        if temperature <= 0:
+            add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            seed = p.seed if p.seed is not None else random.getrandbits(32)
+            top_k = int(d["top_k"] if p.top_k is None else p.top_k)
+            top_p = d["top_p"] if p.top_p is None else p.top_p
+            min_p = d["min_p"] if p.min_p is None else p.min_p
+            add(chain, llama_cpp.llama_sampler_init_top_k(top_k))
+            add(chain, llama_cpp.llama_sampler_init_top_p(top_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_min_p(min_p, 1))
+            add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+            add(chain, llama_cpp.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+    except BaseException:
+        llama_cpp.llama_sampler_free(chain)
+        raise
+    return chain

@@ -7,30 +7,30 @@ import asyncio
 import gc
 
 from respd.engines.base import SamplingParams
-from respd.engines.llamacpp.engine import _Job, _JobStream
+from respd.engines.llamacpp.jobs import Job, JobStream
 from respd.engines.llamacpp.outbox import Outbox
 
 
-def make_job() -> _Job:
+def make_job() -> Job:
     loop = asyncio.new_event_loop()
     try:
-        return _Job([1, 2, 3], SamplingParams(), None, None, loop, asyncio.Queue(), Outbox())
+        return Job([1, 2, 3], SamplingParams(), None, None, loop, asyncio.Queue(), Outbox())
     finally:
         loop.close()
 
 
 def test_a_stream_dropped_unread_releases_its_job() -> None:
-    released: list[_Job] = []
+    released: list[Job] = []
     job = make_job()
-    stream = _JobStream(job, released.append)
+    stream = JobStream(job, released.append)
     del stream
     gc.collect()
     assert released == [job]
 
 
 def test_closing_a_stream_releases_its_job() -> None:
-    released: list[_Job] = []
+    released: list[Job] = []
     job = make_job()
-    stream = _JobStream(job, released.append)
+    stream = JobStream(job, released.append)
     asyncio.run(stream.aclose())
     assert released[0] is job

@@ -7,18 +7,18 @@ import asyncio
 from typing import Any
 
 from respd.engines.base import SamplingParams
-from respd.engines.llamacpp.engine import _Job
+from respd.engines.llamacpp.jobs import Job
 from respd.engines.llamacpp.multimodal import ImageChunk
 from respd.engines.llamacpp.outbox import Outbox
 
 
-def job(prompt_len: int, images: list[tuple[int, int, int]]) -> _Job:
+def job(prompt_len: int, images: list[tuple[int, int, int]]) -> Job:
     """A job whose prompt holds images `(start, n_tokens, n_pos)`."""
     owner: Any = None
     chunks = [(s, ImageChunk(0, n, p, [-1] * n, owner)) for s, n, p in images]
     loop = asyncio.new_event_loop()
     try:
-        return _Job(
+        return Job(
             [1] * prompt_len, SamplingParams(), None, None, loop, asyncio.Queue(), Outbox(),
             images=chunks,
         )  # fmt: skip

@@ -314,6 +314,15 @@ def _atom_digits(atom: str) -> tuple[int, ...] | None:
     return tuple(range(int(atom[1]), int(atom[3]) + 1))
 
 
+def _too_many_rules(k: int, path: str) -> SchemaRejected:
+    """The refusal of a `multipleOf` whose divisibility grammar would be too large."""
+    return SchemaRejected(
+        f"'multipleOf' at {path} is {k}: divisibility by it takes more grammar rules than "
+        f"can be enforced; bound the value with 'minimum' and 'maximum' to at most "
+        f"{MAX_ENUMERATED} multiples"
+    )
+
+
 def multiple_rule(
     k: int, lo: int | None, hi: int | None, prefix: str, path: str = "#"
 ) -> tuple[str, dict[str, str]]:
@@ -330,11 +339,7 @@ def multiple_rule(
             return "(" + " | ".join(f'"{v}"' for v in range(lo, hi + 1, k)) + ")", {}
     if k == 1:
         return integer_range_rule(lo, hi), {}
-    refusal = SchemaRejected(
-        f"'multipleOf' at {path} is {k}: divisibility by it takes more grammar rules than "
-        f"can be enforced; bound the value with 'minimum' and 'maximum' to at most "
-        f"{MAX_ENUMERATED} multiples"
-    )
+    refusal = _too_many_rules(k, path)
     if k > MAX_DIVISOR:
         raise refusal
     delta = _divisibility(k)
