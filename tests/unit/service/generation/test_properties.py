@@ -15,6 +15,7 @@ from respd.engines.base import TokenChunk
 from respd.engines.families.profile import ModelProfile
 from respd.engines.families.reasoning import HARMONY, STYLES, THINK, ReasoningStyle
 from respd.engines.families.tools import FORMATS, HERMES, ToolFormat
+from respd.engines.messages import Image, TextPart
 from respd.protocol.errors import APIError
 from respd.service.generation.output import (
     ArgumentsDelta,
@@ -213,7 +214,9 @@ def test_translation_is_messages_or_a_clean_400(value: Any) -> None:
         assert exc.status_code == 400 and exc.param is not None
         assert exc.param == "input" or exc.param.startswith("input[")
     else:
-        assert all(isinstance(m.content, str) for m in messages)
+        for m in messages:  # ordered parts, each text or an image, never raw input
+            assert all(isinstance(part, TextPart | Image) for part in m.content)
+            assert isinstance(m.text, str)
 
 
 def test_the_fixed_families_cover_every_format() -> None:
