@@ -74,7 +74,7 @@ class Tower:
 
 def write_projector(path: Path, t: Tower) -> Path:
     """A llava-style CLIP + `mlp` projector GGUF with random weights (as
-    `tests/vision_fixture.py`, larger): matrices in f16, as real mmproj files hold them."""
+    `tests/support/gguf/llava.py`, larger): matrices in f16, as real mmproj files hold them."""
     import gguf
 
     rng = np.random.default_rng(7)
