@@ -38,6 +38,7 @@ from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.service import ResponsesService
 from respd.service.sealing import Sealer
+from respd.service.shared import Shared
 from respd.store import MemoryStore, Store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
 from respd.store.retention import purge_periodically
@@ -67,27 +68,22 @@ def build_services(
     input_limits: InputLimits | None,
     sealer: Sealer | None,
 ) -> Services:
-    runs = ActiveRuns()
-    sealer = sealer or Sealer.random()
     resolver = MediaResolver(store, media)
+    shared = Shared(
+        models,
+        store,
+        resolver,
+        sealer or Sealer.random(),
+        limits=input_limits or InputLimits(),
+        default_max_tokens=default_max_tokens,
+    )
     return Services(
-        responses=ResponsesService(
-            models,
-            store,
-            resolver,
-            sealer,
-            default_max_tokens=default_max_tokens,
-            runs=runs,
-            limits=input_limits,
-            lease_secs=job_lease_secs,
-        ),
-        conversations=ConversationsService(store, resolver, input_limits, sealer),
+        responses=ResponsesService(shared, lease_secs=job_lease_secs),
+        conversations=ConversationsService(shared),
         files=FilesService(store, max_file_bytes, resolver.cache),
-        chat=ChatService(
-            models, resolver, default_max_tokens=default_max_tokens, runs=runs, limits=input_limits
-        ),
+        chat=ChatService(shared),
         media=resolver,
-        runs=runs,
+        runs=shared.runs,
     )
 
 

@@ -7,32 +7,24 @@ from typing import Any
 
 from respd.protocol.errors import InvalidRequest, MissingParameter, NotFound
 from respd.service.ids import new_id
-from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering
-from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
 from respd.service.pages import page
 from respd.service.responses.history import conversation_not_found
 from respd.service.responses.items import normalize_items
 from respd.service.responses.translate import check_item_shapes, input_to_messages
-from respd.service.sealing import Sealer
-from respd.store.base import JSON, ConversationRecord, Store
+from respd.service.shared import Shared
+from respd.store.base import JSON, ConversationRecord
 
 MAX_ITEMS_PER_CALL = 20
 
 
 class ConversationsService:
-    def __init__(
-        self,
-        store: Store,
-        media: MediaResolver | None = None,
-        limits: InputLimits | None = None,
-        sealer: Sealer | None = None,
-    ) -> None:
-        self.store = store
-        self.sealer = sealer
-        self.media = media or MediaResolver(store)
-        self.limits = limits or InputLimits()
+    def __init__(self, shared: Shared) -> None:
+        self.store = shared.store
+        self.sealer = shared.sealer
+        self.media = shared.media
+        self.limits = shared.limits
 
     async def _items(self, items: Any, owner: str, *, required: bool) -> list[JSON]:
         if items is None:

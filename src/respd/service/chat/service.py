@@ -30,11 +30,9 @@ from respd.service.generation.output import (
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import chat_answer_schema
 from respd.service.ids import new_id
-from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering, require_effective_input
-from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
-from respd.service.models import ModelRegistry
+from respd.service.shared import Shared
 from respd.service.tools.definitions import chat_tool_choice, chat_tools
 
 MAX_STOP_SEQUENCES = 4
@@ -136,20 +134,12 @@ def _message(result: ChatResult) -> dict[str, Any]:
 
 
 class ChatService:
-    def __init__(
-        self,
-        models: ModelRegistry,
-        media: MediaResolver | None = None,
-        *,
-        default_max_tokens: int | None = None,
-        runs: core.ActiveRuns | None = None,
-        limits: InputLimits | None = None,
-    ) -> None:
-        self.models = models
-        self.media = media
-        self.default_max_tokens = default_max_tokens
-        self.runs = runs
-        self.limits = limits or InputLimits()
+    def __init__(self, shared: Shared) -> None:
+        self.models = shared.models
+        self.media = shared.media
+        self.default_max_tokens = shared.default_max_tokens
+        self.runs = shared.runs
+        self.limits = shared.limits
 
     async def prepare(self, req: ChatCompletionRequest, owner: str = "") -> PreparedChat:
         self.limits.check(req.messages, None, req.tools, items_param="messages")

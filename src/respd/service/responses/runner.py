@@ -21,11 +21,8 @@ from respd.service.generation.logprobs import check_top_logprobs
 from respd.service.generation.output import Finished, Started
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
-from respd.service.limits import InputLimits
 from respd.service.media.lowering import Lowering, require_effective_input
-from respd.service.media.resolver import MediaResolver
 from respd.service.metadata import check_metadata
-from respd.service.models import ModelRegistry
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
@@ -37,8 +34,9 @@ from respd.service.responses.summary import (
 )
 from respd.service.responses.translate import check_item_shapes, input_to_messages, summary_turn
 from respd.service.sealing import Sealer
+from respd.service.shared import Shared
 from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
-from respd.store.base import JSON, ResponseRecord, Store
+from respd.store.base import JSON, ResponseRecord
 
 log = logging.getLogger(__name__)
 ENCRYPTED_REASONING = "reasoning.encrypted_content"
@@ -209,24 +207,14 @@ class ResponseRunner:
     """A response as an adapter over the generation core: the request and its history
     become a `GenerationSpec`; the core's events drive the `ResponseEventMachine`."""
 
-    def __init__(
-        self,
-        models: ModelRegistry,
-        store: Store,
-        media: MediaResolver,
-        sealer: Sealer,
-        *,
-        default_max_tokens: int | None = None,
-        runs: core.ActiveRuns | None = None,
-        limits: InputLimits | None = None,
-    ) -> None:
-        self.models = models
-        self.sealer = sealer
-        self.store = store
-        self.media = media
-        self.default_max_tokens = default_max_tokens
-        self.runs = runs
-        self.limits = limits or InputLimits()
+    def __init__(self, shared: Shared) -> None:
+        self.models = shared.models
+        self.sealer = shared.sealer
+        self.store = shared.store
+        self.media = shared.media
+        self.default_max_tokens = shared.default_max_tokens
+        self.runs = shared.runs
+        self.limits = shared.limits
 
     def checked_engine(self, req: CreateResponseRequest) -> Engine:
         """The engine of the request's model, after the checks that need no history

@@ -15,17 +15,13 @@ from respd.protocol.errors import UpstreamFailed
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
-from respd.service.generation.core import ActiveRuns
-from respd.service.limits import InputLimits
-from respd.service.media.resolver import MediaResolver
-from respd.service.models import ModelRegistry
 from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.compaction import Compactor, CompactRequest, compaction_turn
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.runner import ResponseRunner, Turn
 from respd.service.responses.stored import StoredResponses
-from respd.service.sealing import Sealer
-from respd.store.base import DEFAULT_JOB_LEASE_SECS, JSON, Store
+from respd.service.shared import Shared
+from respd.store.base import DEFAULT_JOB_LEASE_SECS, JSON
 
 # Runs a non-streamed response's work for its transport, which may cancel it (its client
 # went away).
@@ -70,30 +66,11 @@ class ResponsesService:
     """Creates responses (generated, compacted or in the background), compacts histories,
     counts input tokens; `stored` answers for responses by id."""
 
-    def __init__(
-        self,
-        models: ModelRegistry,
-        store: Store,
-        media: MediaResolver,
-        sealer: Sealer,
-        *,
-        default_max_tokens: int | None = None,
-        runs: ActiveRuns | None = None,
-        limits: InputLimits | None = None,
-        lease_secs: float = DEFAULT_JOB_LEASE_SECS,
-    ) -> None:
-        self.models = models
-        self.runner = ResponseRunner(
-            models,
-            store,
-            media,
-            sealer,
-            default_max_tokens=default_max_tokens,
-            runs=runs,
-            limits=limits,
-        )
-        self.jobs = BackgroundJobs(self.runner, store, lease_secs=lease_secs)
-        self.stored = StoredResponses(store, self.jobs)
+    def __init__(self, shared: Shared, *, lease_secs: float = DEFAULT_JOB_LEASE_SECS) -> None:
+        self.models = shared.models
+        self.runner = ResponseRunner(shared)
+        self.jobs = BackgroundJobs(self.runner, shared.store, lease_secs=lease_secs)
+        self.stored = StoredResponses(shared.store, self.jobs)
 
     async def open(self) -> None:
         """Take up background work (see `BackgroundJobs.open`)."""

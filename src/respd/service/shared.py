@@ -1,0 +1,26 @@
+"""The collaborators every service shares, built once per app and handed to each: the
+models, the store, the media resolver (and its cache), the sealer, the runs in flight, the
+input limits and the default output limit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from respd.service.generation.core import ActiveRuns
+from respd.service.limits import InputLimits
+from respd.service.media.resolver import MediaResolver
+from respd.service.models import ModelRegistry
+from respd.service.sealing import Sealer
+from respd.store.base import Store
+
+
+@dataclass(frozen=True)
+class Shared:
+    models: ModelRegistry
+    store: Store
+    media: MediaResolver
+    sealer: Sealer
+    runs: ActiveRuns = field(default_factory=ActiveRuns)
+    limits: InputLimits = field(default_factory=InputLimits)
+    # A request's output limit when it sets none (None: the engine's own).
+    default_max_tokens: int | None = None
