@@ -12,7 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from respd.store import Limits, Store, redacted
 from respd.store import open_store as open_named_store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS, DEFAULT_TTL_SECS
-from respd.store.memory import file_limits
+from respd.store.memory import (
+    DEFAULT_CONVERSATIONS_MAX_BYTES,
+    DEFAULT_CONVERSATIONS_MAX_ENTRIES,
+    DEFAULT_RESPONSES_MAX_BYTES,
+    DEFAULT_RESPONSES_MAX_ENTRIES,
+    file_limits,
+)
 
 
 def default_data_dir() -> Path:
@@ -43,10 +49,12 @@ class StoreConfig(BaseModel):
         "data dir, e.g. ~/.local/share/respd.",
     )
     responses_store_max_entries: int = Field(
-        1024, ge=0, description="Memory store: most responses kept; 0 disables storing them."
+        DEFAULT_RESPONSES_MAX_ENTRIES,
+        ge=0,
+        description="Memory store: most responses kept; 0 disables storing them.",
     )
     responses_store_max_bytes: int = Field(
-        268435456,
+        DEFAULT_RESPONSES_MAX_BYTES,
         ge=0,
         description="Memory store: approximate JSON bytes of responses kept, oldest evicted "
         "first; 0 keeps the routes but evicts every response at once.",
@@ -58,10 +66,12 @@ class StoreConfig(BaseModel):
         "log) is kept after its last write (30 days, as OpenAI); 0 keeps it until deleted.",
     )
     conversation_store_max_entries: int = Field(
-        256, ge=0, description="Memory store: most conversations kept; 0 disables conversations."
+        DEFAULT_CONVERSATIONS_MAX_ENTRIES,
+        ge=0,
+        description="Memory store: most conversations kept; 0 disables conversations.",
     )
     conversation_store_max_bytes: int = Field(
-        67108864,
+        DEFAULT_CONVERSATIONS_MAX_BYTES,
         ge=0,
         description="Memory store: approximate JSON bytes of conversations kept, oldest evicted "
         "first; 0 keeps the routes but evicts every conversation at once.",

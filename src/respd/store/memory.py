@@ -149,6 +149,11 @@ class _StoredFile:
 
 
 DEFAULT_FILES_MAX_BYTES = 1 << 30
+# The memory store's default bounds: entries and approximate JSON bytes.
+DEFAULT_RESPONSES_MAX_ENTRIES = 1024
+DEFAULT_RESPONSES_MAX_BYTES = 256 << 20
+DEFAULT_CONVERSATIONS_MAX_ENTRIES = 256
+DEFAULT_CONVERSATIONS_MAX_BYTES = 64 << 20
 
 
 def file_limits(max_bytes: int) -> Limits:
@@ -172,10 +177,13 @@ class MemoryStore:
     ) -> None:
         """`clock` measures TTLs; `wall_clock` is compared with files' `expires_at`."""
         self.responses: BoundedMap[_StoredResponse] = BoundedMap(
-            responses or Limits(1024, 268435456, 0), clock
+            responses or Limits(DEFAULT_RESPONSES_MAX_ENTRIES, DEFAULT_RESPONSES_MAX_BYTES, 0),
+            clock,
         )
         self.conversations: BoundedMap[_StoredConversation] = BoundedMap(
-            conversations or Limits(256, 67108864, 0), clock
+            conversations
+            or Limits(DEFAULT_CONVERSATIONS_MAX_ENTRIES, DEFAULT_CONVERSATIONS_MAX_BYTES, 0),
+            clock,
         )
         self.files: BoundedMap[_StoredFile] = BoundedMap(
             files or file_limits(DEFAULT_FILES_MAX_BYTES), clock
