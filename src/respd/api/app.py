@@ -25,6 +25,7 @@ from respd.api.quotas import (
     KeyQuotas,
     QuotaMiddleware,
     QuotaSettings,
+    SocketLimits,
     TokenAccounting,
 )
 from respd.engines.base import Engine
@@ -67,6 +68,7 @@ def build_services(
     job_lease_secs: float,
     input_limits: InputLimits | None,
     sealer: Sealer | None,
+    quotas: KeyQuotas | None = None,
 ) -> Services:
     resolver = MediaResolver(store, media)
     shared = Shared(
@@ -76,11 +78,12 @@ def build_services(
         sealer or Sealer.random(),
         limits=input_limits or InputLimits(),
         default_max_tokens=default_max_tokens,
+        quotas=quotas or KeyQuotas(QuotaSettings()),
     )
     return Services(
         responses=ResponsesService(shared, lease_secs=job_lease_secs),
         conversations=ConversationsService(shared),
-        files=FilesService(store, max_file_bytes, resolver.cache),
+        files=FilesService(store, max_file_bytes, resolver.cache, shared.quotas),
         chat=ChatService(shared),
         media=resolver,
         runs=shared.runs,
@@ -131,6 +134,8 @@ def _install_middleware(
     # The last added runs first: request id, then the guard, CORS, and who is asking.
     if quotas is not None and quotas.any:
         app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
+    if quotas is not None and (quotas.sockets_per_key or quotas.sockets_total):
+        app.add_middleware(SocketLimits, quotas=app.state.quotas)
     app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
     if guard is not None and guard.cors_origins:
         app.add_middleware(
@@ -167,6 +172,7 @@ def create_app(
     if not isinstance(models, ModelRegistry):
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
+    key_quotas = KeyQuotas(quotas or QuotaSettings())
     services = build_services(
         models,
         store,
@@ -176,6 +182,7 @@ def create_app(
         job_lease_secs=job_lease_secs,
         input_limits=input_limits,
         sealer=sealer,
+        quotas=key_quotas,
     )
     runs = services.runs
     lifespan = _lifespan(store, services.responses, purge_interval_secs)
@@ -189,7 +196,7 @@ def create_app(
     app.state.files = services.files
     app.state.media_cache = services.media.cache
     app.state.chat = services.chat
-    app.state.quotas = KeyQuotas(quotas or QuotaSettings())
+    app.state.quotas = key_quotas
     app.state.runs = runs
     _install_routes(app)
     _install_middleware(app, keys, guard, quotas)

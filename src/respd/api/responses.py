@@ -105,9 +105,9 @@ async def create_response(request: Request) -> Response:
     service = _service(request)
     body = await parse_body(request, CreateResponseRequest)
     owner = owner_of(request)
-    if body.stream:
-        with stream_slot(request) as release:
-            return _framed(request, await service.create(body, owner), release)
+    if body.stream:  # the service holds the caller's stream slot until the events close
+        created = await service.create(body, owner)
+        return _framed(request, created, getattr(created, "release", None))
     created = await service.create(body, owner, until=lambda work: until_disconnect(request, work))
     return _framed(request, created)
 

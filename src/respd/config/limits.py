@@ -16,7 +16,7 @@ from respd.service.limits import (
 )
 
 if TYPE_CHECKING:
-    from respd.api.quotas import QuotaSettings
+    from respd.service.quotas import QuotaSettings
 
 
 class LimitsConfig(BaseModel):
@@ -58,8 +58,34 @@ class LimitsConfig(BaseModel):
     max_streams_per_key: int = Field(
         0,
         ge=0,
-        description="Most streaming requests one API key (identity) may have open at once; "
-        "more is a 429. 0: no limit.",
+        description="Most work one API key (identity) may have running at once: streamed "
+        "responses and chat completions, responses over WebSocket, and background responses "
+        "queued or running share this budget; more is a 429. 0: no limit.",
+    )
+    max_background_per_key: int = Field(
+        0,
+        ge=0,
+        description="Most background responses one API key may have queued or running; "
+        "another is a 429 until one ends. 0: no limit.",
+    )
+    max_storage_bytes_per_key: int = Field(
+        0,
+        ge=0,
+        description="Bytes one API key may keep stored: uploaded files plus stored responses. "
+        "An upload that would pass it is a 413; once it is reached, a response to store is "
+        "a 429 (store: false still runs). 0: no limit.",
+    )
+    max_websockets_per_key: int = Field(
+        0,
+        ge=0,
+        description="WebSocket connections one API key may hold open at once; another is "
+        "refused at the upgrade. 0: no limit.",
+    )
+    max_websockets: int = Field(
+        0,
+        ge=0,
+        description="WebSocket connections the server holds open at once, all keys "
+        "together; another is refused at the upgrade. 0: no limit.",
     )
     rate_limit_rpm: int = Field(
         0,
@@ -80,6 +106,14 @@ class LimitsConfig(BaseModel):
         )
 
     def quota_settings(self) -> QuotaSettings:
-        from respd.api.quotas import QuotaSettings  # the web stack: only once it is served
+        from respd.service.quotas import QuotaSettings
 
-        return QuotaSettings(self.rate_limit_rpm, self.rate_limit_tpm, self.max_streams_per_key)
+        return QuotaSettings(
+            requests_per_minute=self.rate_limit_rpm,
+            tokens_per_minute=self.rate_limit_tpm,
+            streams_per_key=self.max_streams_per_key,
+            background_per_key=self.max_background_per_key,
+            storage_bytes_per_key=self.max_storage_bytes_per_key,
+            sockets_per_key=self.max_websockets_per_key,
+            sockets_total=self.max_websockets,
+        )

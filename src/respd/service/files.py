@@ -17,6 +17,7 @@ from respd.protocol.errors import APIError, InvalidRequest, MissingParameter
 from respd.service.media.cache import MediaCache
 from respd.service.media.errors import file_not_found
 from respd.service.pages import page
+from respd.service.quotas import KeyQuotas
 from respd.store.base import JSON, FileRecord, Store
 
 # The `purpose` values OpenAI's `files.create` accepts.
@@ -133,10 +134,12 @@ class FilesService:
         store: Store,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         media_cache: MediaCache | None = None,
+        quotas: KeyQuotas | None = None,
     ) -> None:
         self.store = store
         self.max_file_bytes = max_file_bytes
         self.media_cache = media_cache
+        self.quotas = quotas
 
     async def create(
         self,
@@ -156,6 +159,8 @@ class FilesService:
             raise FileTooLarge(self.max_file_bytes, size)
         if size == 0:
             raise InvalidRequest("The uploaded file is empty.", param="file", code="empty_file")
+        if self.quotas is not None:
+            await self.quotas.check_storage(self.store, owner, size)
         filename = upload.filename or "upload"
         created_at = int(time.time())
         record = FileRecord(

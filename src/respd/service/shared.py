@@ -1,6 +1,6 @@
 """The collaborators every service shares, built once per app and handed to each: the
 models, the store, the media resolver (and its cache), the sealer, the runs in flight, the
-input limits and the default output limit."""
+input limits, the default output limit and each identity's quotas."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from respd.service.generation.core import ActiveRuns
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver
 from respd.service.models import ModelRegistry
+from respd.service.quotas import KeyQuotas, QuotaSettings
 from respd.service.sealing import Sealer
 from respd.store.base import Store
 
@@ -24,3 +25,5 @@ class Shared:
     limits: InputLimits = field(default_factory=InputLimits)
     # A request's output limit when it sets none (None: the engine's own).
     default_max_tokens: int | None = None
+    # Each identity's rates, concurrent work, background jobs and stored bytes.
+    quotas: KeyQuotas = field(default_factory=lambda: KeyQuotas(QuotaSettings()))

@@ -232,6 +232,11 @@ class Store(Protocol):
         and files; returns how many records went."""
         ...
 
+    async def owner_bytes(self, owner: str) -> int:
+        """Bytes `owner` keeps here: file contents and stored responses (for the storage
+        quota)."""
+        ...
+
     async def stats(self) -> dict[str, int]:
         """What the store holds now (expired rows not yet purged included), keyed by
         `STAT_KEYS`: responses, conversations, conversation items, files, file bytes and

@@ -432,6 +432,12 @@ class MemoryStore:
         files = before - len(self.files.values())
         return self.responses.purge() + self.conversations.purge() + files
 
+    async def owner_bytes(self, owner: str) -> int:
+        files = sum(f.record.bytes for f in self.files.values() if f.record.owner == owner)
+        return files + sum(
+            self._response_size(r) for r in self.responses.values() if r.record.owner == owner
+        )
+
     async def stats(self) -> dict[str, int]:
         responses = self.responses.values()
         conversations = self.conversations.values()

@@ -415,6 +415,11 @@ class PostgresStore:
                     break
         return total
 
+    async def owner_bytes(self, owner: str) -> int:
+        async with self._connection() as conn:
+            row = await (await conn.execute(Q.owner_bytes, (owner, owner))).fetchone()
+        return int(row["n"]) if row is not None else 0
+
     async def stats(self) -> dict[str, int]:
         async with self._connection() as conn:
             cur = await conn.execute(Q.stats)

@@ -105,6 +105,12 @@ class Statements:
         f"SELECT {FILE_COLUMNS} FROM files WHERE owner = ? AND {UNEXPIRED} ORDER BY created_at, "
     )
     delete_file: str = f"DELETE FROM files WHERE id = ? AND owner = ? AND {UNEXPIRED}"
+    # What one owner keeps: file contents and stored responses (their JSON).
+    owner_bytes: str = (
+        "SELECT (SELECT COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?) + "
+        "(SELECT COALESCE(SUM(LENGTH(response) + LENGTH(input_items)), 0) FROM responses "
+        "WHERE owner = ?) AS n"
+    )
     stats: str = (
         "SELECT (SELECT COUNT(*) FROM responses) AS a, "
         "(SELECT COUNT(*) FROM conversations) AS b, "

@@ -413,6 +413,12 @@ class SqliteStore:
         conn.executemany("DELETE FROM files WHERE id = ?", ids)
         return len(ids)
 
+    async def owner_bytes(self, owner: str) -> int:
+        def read(conn: sqlite3.Connection) -> int:
+            return int(conn.execute(Q.owner_bytes, (owner, owner)).fetchone()[0])
+
+        return await self._run(read)
+
     async def stats(self) -> dict[str, int]:
         def read(conn: sqlite3.Connection) -> dict[str, int]:
             row = conn.execute(Q.stats).fetchone()

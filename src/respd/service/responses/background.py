@@ -22,7 +22,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -69,6 +69,8 @@ class Job:
     done: bool = False
     flushed: int = 0  # events[:flushed] are in the store
     flushed_at: float = field(default_factory=time.monotonic)
+    # Gives back the owner's slot and background place once the job has ended.
+    release: Callable[[], None] | None = None
 
     def unflushed(self) -> list[JSON]:
         """The events not yet in the store, marked as written (the caller writes them)."""
@@ -139,10 +141,13 @@ class BackgroundJobs:
         await self.recover()
         self._maintenance = asyncio.create_task(self._maintain(), name="background jobs")
 
-    async def start(self, prepared: PreparedResponse) -> Job:
-        """Store the response as `queued` and start it; returns before any generation."""
+    async def start(
+        self, prepared: PreparedResponse, release: Callable[[], None] | None = None
+    ) -> Job:
+        """Store the response as `queued` and start it; returns before any generation.
+        `release` is called once the job has ended."""
         machine = prepared.machine(status="queued")
-        job = Job(prepared, machine)
+        job = Job(prepared, machine, release=release)
         events = self.service.run(prepared, machine)  # a full engine is a 503 now
         try:
             record = self.service.record(prepared, machine)
@@ -219,6 +224,8 @@ class BackgroundJobs:
             log.exception("background response %s: could not store its result", machine.id)
         finally:
             self.jobs.pop(machine.id, None)
+            if job.release is not None:
+                job.release()
             await job.publish([], done=True)
 
     async def cancel(self, job: Job) -> None:

@@ -44,6 +44,8 @@ class EventStream:
     events: AsyncGenerator[ResponseStreamEvent | JSON, None]
     turn: Turn | None = None
     machine: ResponseEventMachine | None = None
+    # Gives back the caller's slot of concurrent work; closing `events` calls it too.
+    release: Callable[[], None] = lambda: None
 
     def continuation(self) -> tuple[str, list[JSON]] | None:
         """Once the events ran out: the id and whole history of a finished response that
@@ -54,6 +56,18 @@ class EventStream:
         if machine.status not in ("completed", "incomplete"):
             return None
         return machine.id, [*turn.history.items, *turn.input_items, *machine.output]
+
+
+async def released(
+    events: AsyncGenerator[Any, None], release: Callable[[], None]
+) -> AsyncGenerator[Any, None]:
+    """`events`, calling `release` once they end or are closed."""
+    try:
+        async with aclosing(events):
+            async for event in events:
+                yield event
+    finally:
+        release()
 
 
 async def _drain(events: AsyncGenerator[Any, None]) -> None:
@@ -68,6 +82,8 @@ class ResponsesService:
 
     def __init__(self, shared: Shared, *, lease_secs: float = DEFAULT_JOB_LEASE_SECS) -> None:
         self.models = shared.models
+        self.quotas = shared.quotas
+        self.store = shared.store
         self.runner = ResponseRunner(shared)
         self.jobs = BackgroundJobs(self.runner, shared.store, lease_secs=lease_secs)
         self.stored = StoredResponses(shared.store, self.jobs)
@@ -113,15 +129,43 @@ class ResponsesService:
         engine's failure of a response that is not streamed raises `UpstreamFailed` with
         its status. `until` runs a non-streamed response's work (the transport cancels
         it when its client goes away, which stops the generation); `continues` names the
-        response whose history the input already carries, for its echo."""
+        response whose history the input already carries, for its echo.
+
+        Every create counts against its owner's rates (429), whatever the transport; a
+        stream or a background job holds one of its owner's slots until it ends."""
         streamed = req.stream if stream is None else stream
+        self.quotas.admit(owner)
+        if req.store is not False:
+            await self.quotas.check_storage(self.store, owner)
+        if not (streamed or req.background):
+            return await self._create(req, owner, streamed, until, continues)
+        release = self.quotas.hold(owner, background=bool(req.background))
+        try:
+            created = await self._create(req, owner, streamed, until, continues, release)
+        except BaseException:
+            release()
+            raise
+        if isinstance(created, EventStream) and not req.background:
+            created.events = released(created.events, release)
+            created.release = release
+        return created
+
+    async def _create(
+        self,
+        req: CreateResponseRequest,
+        owner: str,
+        streamed: bool,
+        until: Guard | None,
+        continues: str | None,
+        release: Callable[[], None] | None = None,
+    ) -> Answer | EventStream:
         if compaction_turn(req.input):
             run = await Compactor(self.runner).start(req, owner)
             turn, machine, events = run.turn, run.machine, run.events
         else:
             prepared = await self.runner.prepare(req, owner)
             if req.background:
-                job = await self.jobs.start(prepared)
+                job = await self.jobs.start(prepared, release)
                 if streamed:
                     return EventStream(job.follow(after=-1))
                 return Answer(wire(job.machine.snapshot()))
