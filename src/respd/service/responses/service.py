@@ -133,7 +133,7 @@ class ResponsesService:
 
         Every create counts against its owner's rates (429), whatever the transport; a
         stream or a background job holds one of its owner's slots until it ends."""
-        streamed = req.stream if stream is None else stream
+        streamed = bool(req.stream if stream is None else stream)
         self.quotas.admit(owner)
         if req.store is not False:
             await self.quotas.check_storage(self.store, owner)
