@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from respd.api.guard import GuardSettings
+    from respd.service.generation.admission import AdmissionGate
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,16 @@ def guard_settings(settings: Settings) -> GuardSettings:
     )
 
 
+def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
+    """The engines' slots, shared fairly between identities: llama.cpp's --parallel
+    sequences; an upstream's connections (it queues on its side too)."""
+    from respd.service.generation.admission import AdmissionGate
+
+    upstream = settings.parallel + settings.max_queue
+    slots = {e.model_id: upstream for e in models if isinstance(e, UpstreamEngine)}
+    return AdmissionGate(settings.parallel, settings.max_queue, slots)
+
+
 def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: KeyRing) -> FastAPI:
     from respd.api.app import create_app
 
@@ -232,6 +243,7 @@ def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: Key
         input_limits=settings.input_limits(),
         quotas=settings.quota_settings(),
         sealer=settings.sealer(),
+        admission=admission_gate(settings, models),
     )
 
 

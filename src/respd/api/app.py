@@ -33,6 +33,7 @@ from respd.protocol.wire import build_sdk_types
 from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
+from respd.service.generation.admission import AdmissionGate
 from respd.service.generation.core import ActiveRuns
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
@@ -166,6 +167,7 @@ def create_app(
     input_limits: InputLimits | None = None,
     quotas: QuotaSettings | None = None,
     sealer: Sealer | None = None,
+    admission: AdmissionGate | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -185,6 +187,7 @@ def create_app(
         quotas=key_quotas,
     )
     runs = services.runs
+    runs.gate = admission
     lifespan = _lifespan(store, services.responses, purge_interval_secs)
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.models = models

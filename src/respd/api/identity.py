@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from respd.api.errors import refuse
 from respd.logs import set_log_identity
 from respd.protocol.errors import APIError
+from respd.service.generation.admission import LANE
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class AuthMiddleware:
             return
         scope.setdefault("state", {})["identity"] = identity
         CURRENT_IDENTITY.set(identity)
+        LANE.set(identity.owner)  # the engines' queue is shared fairly between identities
         set_log_identity(identity.label)
         await self.app(scope, receive, send)
 

@@ -37,6 +37,7 @@ from respd.engines.base import (
 from respd.engines.constraints import ConstraintError
 from respd.logs import prompts_logged
 from respd.protocol.errors import APIError, ContextLengthExceeded, InvalidRequest
+from respd.service.generation.admission import AdmissionGate
 from respd.service.generation.output import (
     ArgumentsDelta,
     CallFinished,
@@ -209,8 +210,11 @@ class ActiveRuns:
     grace period, then interrupt the rest (each still ends with its terminal event).
     `observer`, when set, hears about each run."""
 
-    def __init__(self, observer: GenerationObserver | None = None) -> None:
+    def __init__(
+        self, observer: GenerationObserver | None = None, gate: AdmissionGate | None = None
+    ) -> None:
         self._runs: set[Run] = set()
+        self.gate = gate  # shares the engines' slots fairly between identities
         self._idle = asyncio.Event()
         self._idle.set()
         self.draining = False
@@ -255,8 +259,17 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
             code="server_shutting_down",
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         )
+    engine = prepared.engine
+
+    def start() -> GenerationStream:
+        return engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
+
+    gate = runs.gate if runs is not None else None
     try:
-        stream = prepared.engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
+        if gate is None:
+            stream = start()
+        else:
+            stream = gate.open(engine.model_id, start, prepared.prompt_tokens)
     except EngineBusy as exc:
         raise APIError(
             f"The server is overloaded: {exc}. Please retry shortly.",
