@@ -443,6 +443,24 @@ def test_stats_count_what_the_store_holds(stores: Stores) -> None:
     run(stores.make(), body)
 
 
+def test_owner_bytes_count_files_and_responses_of_one_owner(stores: Stores) -> None:
+    async def body(store: Store) -> None:
+        assert await store.owner_bytes("alice") == 0
+        await store.save_file(file_rec("file-1", size=5), b"12345")
+        assert await store.owner_bytes("alice") == 5
+        await store.save_response(rec("r1", text="y" * 1000))
+        with_response = await store.owner_bytes("alice")
+        assert with_response > 1005  # the response's JSON counts too
+        await store.save_file(file_rec("file-2", "bob", size=2), b"67")
+        await store.save_response(rec("r2", "bob"))
+        assert await store.owner_bytes("alice") == with_response  # others' are their own
+        await store.delete_file("alice", "file-1")
+        await store.delete_response("alice", "r1")
+        assert await store.owner_bytes("alice") == 0
+
+    run(stores.make(), body)
+
+
 # -- background jobs: leases, claims, cancel requests, live logs ---------------------------------
 
 
