@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValidationError as exc:
             parser.error(str(exc))
         configure_logging(settings.log_settings())
+        settings.apply_wait_policy()  # before llama.cpp's OpenMP runtime loads
         from respd.server import serve  # deferred: keeps `--help` fast and model-free
 
         sys.exit(serve(settings))

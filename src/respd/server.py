@@ -270,8 +270,13 @@ def serve(settings: Settings) -> int:
         log_config=uvicorn_log_config(settings.log_settings()),
         # Generations were drained already (`DrainingServer`); this bounds the rest.
         timeout_graceful_shutdown=CONNECTIONS_GRACE_SECS,
-        # uvicorn's h11 protocol, closing connections that stall before a request head.
-        http=header_timeout_protocol(settings.header_timeout_secs, settings.http_parser),
+        # uvicorn's protocol, closing connections that stall in a request head or body.
+        http=header_timeout_protocol(
+            settings.header_timeout_secs,
+            settings.http_parser,
+            body_seconds=settings.body_timeout_secs,
+            min_body_rate=settings.min_upload_rate,
+        ),
         loop=settings.event_loop,
     )
     server = DrainingServer(

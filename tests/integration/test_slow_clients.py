@@ -1,5 +1,6 @@
 """Connections that open and never finish a request head are closed after
-`--header-timeout-secs`, while the server keeps answering complete requests meanwhile."""
+`--header-timeout-secs`, bodies that trickle in are answered 408 and closed after
+`--body-timeout-secs`, while the server keeps answering complete requests meanwhile."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 2.0
 STALLED = 50
 
 
@@ -24,6 +26,8 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServe
         "memory",
         "--header-timeout-secs",
         str(HEADER_TIMEOUT),
+        "--body-timeout-secs",
+        str(BODY_TIMEOUT),
         preset="small",
     )
     yield srv
@@ -88,3 +92,55 @@ def test_a_request_slower_than_the_timeout_overall_is_served(slow_server: RespdS
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def _trickle_head(path: str, kind: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {kind}\r\n"
+        "Content-Length: 1000000\r\n\r\n"
+    ).encode()
+
+
+def test_trickled_bodies_are_answered_408_and_closed(slow_server: RespdServer) -> None:
+    """Eight connections announce a 1 MB body and send a byte every half second: each is
+    answered 408 and closed at the body deadline, with nothing logged as an error, while
+    a complete request is served meanwhile."""
+    targets = [("/v1/responses", "application/json"), ("/v1/files", "multipart/form-data")]
+    socks = []
+    for i in range(8):
+        sock = socket.create_connection(("127.0.0.1", slow_server.port))
+        path, kind = targets[i % 2]
+        sock.sendall(_trickle_head(path, kind) + b"{" if i % 2 == 0 else _trickle_head(path, kind))
+        sock.setblocking(False)
+        socks.append(sock)
+    opened = time.monotonic()
+    answers = [b""] * len(socks)
+    closed: list[float | None] = [None] * len(socks)
+    try:
+        with httpx.Client(base_url=slow_server.base_url, timeout=60) as http:
+            assert http.get("/health").status_code == 200
+        while None in closed and time.monotonic() - opened < BODY_TIMEOUT + 15:
+            for i, sock in enumerate(socks):
+                if closed[i] is not None:
+                    continue
+                try:
+                    sock.send(b" ")
+                    while chunk := sock.recv(4096):
+                        answers[i] += chunk
+                    closed[i] = time.monotonic() - opened  # EOF
+                except BlockingIOError:
+                    pass
+                except (ConnectionResetError, BrokenPipeError):
+                    closed[i] = time.monotonic() - opened
+            time.sleep(0.5)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert None not in closed, closed
+    assert all(BODY_TIMEOUT * 0.8 <= t < BODY_TIMEOUT + 5 for t in closed if t), closed
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+        assert b'"request_timeout"' in answer
+    time.sleep(0.5)
+    log = slow_server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]

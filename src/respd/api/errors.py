@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.streaming import ClientGone
@@ -83,7 +84,8 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(ClientGone)
-    async def _gone(_: Request, __: ClientGone) -> Response:
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, __: Exception) -> Response:
         # Nobody reads this; 499 (nginx's "client closed request") keeps the access log honest.
         return Response(status_code=499)
 

@@ -97,6 +97,16 @@ class EngineConfig(BaseModel):
         ge=1,
         description="CPU threads for generation. Default: all cores.",
     )
+    poll: int = Field(
+        engine_defaults.POLL,
+        ge=0,
+        le=100,
+        description="How hard idle decode threads wait for work, llama-server's --poll: 0 "
+        "sleeps at once (the threads yield their cores to other work on the machine), 100 "
+        "spins longest (a little faster on cores nothing else wants, far slower on shared "
+        "ones). Applied through OpenMP's wait policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT), "
+        "which ggml's threads use; a value already in the environment wins.",
+    )
     batch_size: int = Field(
         engine_defaults.BATCH_SIZE, ge=1, description="Prompt tokens evaluated per decode call."
     )
@@ -173,6 +183,20 @@ class EngineConfig(BaseModel):
         if self.speculation_ngram_min > self.speculation_ngram_max:
             raise ValueError("--speculation-ngram-min must not exceed --speculation-ngram-max")
         return self
+
+    def wait_policy_env(self) -> dict[str, str]:
+        """The OpenMP settings `--poll` stands for, read once when llama.cpp loads."""
+        if self.poll == 0:
+            return {"OMP_WAIT_POLICY": "PASSIVE"}
+        # Spins before a waiting thread sleeps; libgomp's own default, 300,000, is --poll 100.
+        return {"GOMP_SPINCOUNT": str(self.poll * 3000)}
+
+    def apply_wait_policy(self) -> None:
+        """Put `wait_policy_env` in this process's environment (where it does not set them
+        already), before llama.cpp and its OpenMP runtime load."""
+        for name, value in self.wait_policy_env().items():
+            if name not in os.environ:
+                os.environ[name] = value
 
     def repack_weights(self) -> bool | None:
         """None: let the engine decide (auto)."""

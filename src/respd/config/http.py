@@ -57,6 +57,21 @@ class HttpConfig(BaseModel):
         "headers (from opening, or from the first byte of its next request) before it is "
         "closed, so clients that connect and stall cannot hold sockets open. 0: no limit.",
     )
+    body_timeout_secs: float = Field(
+        30.0,
+        ge=0.0,
+        description="Seconds a request body may take once its headers are in; a body still "
+        "coming is given another period each time it brought at least --min-upload-rate "
+        "bytes a second over the last one. Otherwise the client gets a 408 and the "
+        "connection is closed. 0: no limit.",
+    )
+    min_upload_rate: int = Field(
+        1024,
+        ge=0,
+        description="Bytes a second a request body must keep arriving at to outlast "
+        "--body-timeout-secs (so large uploads on a working link finish, trickles do not). "
+        "0: every body must be complete within --body-timeout-secs.",
+    )
 
     @field_validator("allowed_hosts", "cors_origins", mode="before")
     @classmethod

@@ -13,4 +13,5 @@ BATCH_SIZE = 512  # tokens per decode call
 PARALLEL = 4  # sequences decoded together (slots)
 MAX_QUEUE = 64  # requests waiting for a slot
 IMAGE_ENCODE: ImageEncode = "background"
+POLL = 0  # idle decode threads sleep at once: they yield the cores to other work
 IMAGE_THREADS = 1  # threads encoding images in the background
