@@ -105,12 +105,16 @@ def test_trickled_bodies_are_answered_408_and_closed(slow_server: RespdServer) -
     """Eight connections announce a 1 MB body and send a byte every half second: each is
     answered 408 and closed at the body deadline, with nothing logged as an error, while
     a complete request is served meanwhile."""
-    targets = [("/v1/responses", "application/json"), ("/v1/files", "multipart/form-data")]
+    targets = [
+        ("/v1/responses", "application/json"),
+        ("/v1/files", "multipart/form-data; boundary=b0undary"),
+    ]
     socks = []
     for i in range(8):
         sock = socket.create_connection(("127.0.0.1", slow_server.port))
         path, kind = targets[i % 2]
-        sock.sendall(_trickle_head(path, kind) + b"{" if i % 2 == 0 else _trickle_head(path, kind))
+        first = b"{" if i % 2 == 0 else b'--b0undary\r\nContent-Disposition: form-data; name="file"'
+        sock.sendall(_trickle_head(path, kind) + first)
         sock.setblocking(False)
         socks.append(sock)
     opened = time.monotonic()
