@@ -53,8 +53,9 @@ class EngineCollector(Collector):
     """The engines' slots and queues, and each engine's own counters (`EngineStats.details`,
     exported as `engines.base.detail_of` names them), read at scrape time."""
 
-    def __init__(self, models: ModelRegistry) -> None:
+    def __init__(self, models: ModelRegistry, runs: ActiveRuns | None = None) -> None:
         self.models = models
+        self.runs = runs  # its admission gate holds the requests waiting for a slot
 
     def collect(self) -> Iterator[Metric]:
         queued = GaugeMetricFamily(
@@ -69,7 +70,9 @@ class EngineCollector(Collector):
         details: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         for engine in self.models:
             stats = engine.stats()
-            queued.add_metric([engine.model_id], stats.queued)
+            gate = self.runs.gate if self.runs is not None else None
+            waiting = gate.queued(engine.model_id) if gate is not None else 0
+            queued.add_metric([engine.model_id], stats.queued + waiting)
             active.add_metric([engine.model_id], stats.running)
             slots = _slots(engine)
             if slots is not None:
@@ -119,7 +122,11 @@ class Metrics:
     """The app's registry and instruments; also the generation core's observer."""
 
     def __init__(
-        self, models: ModelRegistry, store: Store, media_cache: MediaCache | None = None
+        self,
+        models: ModelRegistry,
+        store: Store,
+        media_cache: MediaCache | None = None,
+        runs: ActiveRuns | None = None,
     ) -> None:
         self.store = store
         self.registry = CollectorRegistry()
@@ -156,7 +163,7 @@ class Metrics:
         self.stored = Gauge(
             "respd_store_records", "Records the store holds, by kind.", ["kind"], registry=r
         )
-        r.register(EngineCollector(models))
+        r.register(EngineCollector(models, runs))
         if media_cache is not None:
             r.register(MediaCacheCollector(media_cache))
 
@@ -271,7 +278,7 @@ def install_metrics(
     """Serve `/metrics` (behind `api_key` when one is given), count every request, and
     observe every generation. Call it after the other middlewares: it wraps them all, so
     requests they refuse are counted too."""
-    metrics = Metrics(models, store, media_cache)
+    metrics = Metrics(models, store, media_cache, runs)
     runs.observer = metrics
     app.state.metrics = metrics
     app.state.metrics_api_key = api_key or None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -54,6 +54,9 @@ async def health(request: Request) -> JSONResponse:
         if probe is not None:
             await probe()
     stats = {e.model_id: e.stats() for e in engines}
+    gate = request.app.state.runs.gate  # requests waiting for a slot wait there
+    if gate is not None:
+        stats = {m: replace(s, queued=s.queued + gate.queued(m)) for m, s in stats.items()}
     healthy = all(s.healthy for s in stats.values())
     first = engines[0]
     body: dict[str, Any] = {
