@@ -27,6 +27,7 @@ from respd.api.quotas import (
     QuotaSettings,
     TokenAccounting,
 )
+from respd.api.routes import add_routes
 from respd.engines.base import Engine
 from respd.protocol.wire import build_sdk_types
 from respd.service.chat.service import ChatService
@@ -114,12 +115,8 @@ def _lifespan(
 def _install_routes(app: FastAPI) -> None:
     install_error_handlers(app)
     describe(app)
-    app.include_router(responses.router)
-    app.include_router(websocket.router)
-    app.include_router(conversations.router)
-    app.include_router(files.router)
-    app.include_router(chat.router)
-    app.include_router(model_routes.router)
+    for module in (responses, websocket, conversations, files, chat, model_routes):
+        add_routes(app, module.router)
 
 
 def _install_middleware(
