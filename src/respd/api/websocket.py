@@ -81,8 +81,8 @@ def _stream_id(message: dict[str, Any]) -> str | None:
     return stream_id
 
 
-def parse_create(raw: str | bytes) -> tuple[Create, str | None]:
-    """A `response.create` message: the create body, whether to generate, and its lane."""
+def read_message(raw: str | bytes) -> dict[str, Any]:
+    """A client message: a `response.create` event."""
     message = load_json(raw.encode() if isinstance(raw, str) else raw)
     if not isinstance(message, dict) or message.get("type") != "response.create":
         kind = message.get("type") if isinstance(message, dict) else None
@@ -91,7 +91,11 @@ def parse_create(raw: str | bytes) -> tuple[Create, str | None]:
             param="type",
             code="invalid_value",
         )
-    stream_id = _stream_id(message)
+    return message
+
+
+def parse_create(message: dict[str, Any]) -> Create:
+    """A `response.create` message's create body, and whether to generate."""
     _reject_http_only(message)
     generate = message.get("generate", True)
     if generate is None:
@@ -104,7 +108,7 @@ def parse_create(raw: str | bytes) -> tuple[Create, str | None]:
         )
     skip = {"type", "stream_id", "generate", "stream", "stream_options", "background"}
     body = {k: v for k, v in message.items() if k not in skip}
-    return Create(body, generate), stream_id
+    return Create(body, generate)
 
 
 def _validate(body: dict[str, Any]) -> CreateResponseRequest:
@@ -164,7 +168,8 @@ async def _serve(socket: WebSocket, session: SocketSession, events: SocketEvents
             continue
         stream_id: str | None = None
         try:
-            create, stream_id = parse_create(raw)
-            session.submit(create, stream_id)
+            message = read_message(raw)
+            stream_id = _stream_id(message)  # named on every error that follows
+            session.submit(parse_create(message), stream_id)
         except APIError as exc:
             await events.send(error_event(exc, stream_id))

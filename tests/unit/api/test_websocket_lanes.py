@@ -286,7 +286,7 @@ def test_http_only_fields_are_refused(field: str, value: Any) -> None:
         (error,) = _create(ws, input="hi", stream_id="s", **{field: value})
         assert error["type"] == "error" and error["status"] == 400
         assert error["error"]["param"] == field
-        assert error["error"]["code"] == "unsupported_parameter"
+        assert error["error"]["code"] == "unsupported_parameter" and error["stream_id"] == "s"
 
 
 def test_stream_true_and_background_false_are_what_the_socket_does() -> None:
