@@ -29,6 +29,7 @@ from respd.protocol.errors import APIError, InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.service.responses.socket import (
     Create,
+    SocketClosed,
     SocketLimits,
     SocketSession,
     age_limit_error,
@@ -124,7 +125,11 @@ class SocketEvents:
 
     async def send(self, event: dict[str, Any]) -> None:
         async with self._lock:
-            await self.socket.send_json(event)
+            try:
+                await self.socket.send_json(event)
+            except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                # Starlette raises RuntimeError for a send after the close.
+                raise SocketClosed(str(exc)) from exc
 
 
 def socket_limits(socket: WebSocket) -> SocketLimits:
@@ -146,7 +151,7 @@ async def responses_socket(socket: WebSocket) -> None:
     )
     try:
         await _serve(socket, session, events)
-    except WebSocketDisconnect:
+    except (WebSocketDisconnect, SocketClosed):
         return
     finally:
         await session.close()

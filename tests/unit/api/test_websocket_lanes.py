@@ -295,3 +295,22 @@ def test_stream_true_and_background_false_are_what_the_socket_does() -> None:
         done = _create(ws, input="hi", stream=True, background=False)
         assert done[-1]["type"] == "response.completed"
         assert done[-1]["response"]["background"] is False
+
+
+def test_a_client_that_goes_away_stops_every_lane(caplog: pytest.LogCaptureFixture) -> None:
+    slow = [f"w{i} " for i in range(200)]
+    engine = FakeEngine([Reply(slow, delay=0.01), Reply(slow, delay=0.01)], model_id=FAKE_MODEL)
+    with _app(engine) as client:
+        with client.websocket_connect("/v1/responses") as ws:
+            _send(ws, input="a", stream_id="a")
+            _send(ws, input="b", stream_id="b")
+            seen: set[str] = set()
+            while seen != {"a", "b"}:
+                event = _recv(ws)
+                if event["type"] == "response.output_text.delta":
+                    seen.add(event["stream_id"])
+        deadline = time.monotonic() + 5
+        while not all(c.cancelled for c in engine.calls) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert len(engine.calls) == 2 and all(c.cancelled for c in engine.calls)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]

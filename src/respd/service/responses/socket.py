@@ -38,7 +38,7 @@ from respd.store.base import JSON
 
 log = logging.getLogger(__name__)
 
-# Sends one event (a JSON object) on the socket.
+# Sends one event (a JSON object) on the socket; raises `SocketClosed` once it is gone.
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # Reads a create body into the request model (400s named as for HTTP).
 Validate = Callable[[dict[str, Any]], CreateResponseRequest]
@@ -52,6 +52,10 @@ MAX_CACHED = 64
 ACTIVE_LIMIT_CODE = "websocket_active_response_limit_reached"
 STREAM_LIMIT_CODE = "websocket_stream_limit_reached"
 AGE_LIMIT_CODE = "websocket_connection_limit_reached"
+
+
+class SocketClosed(Exception):
+    """The client went away: nothing more can be sent."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ class SocketSession:
                 create = lane.waiting.popleft()
                 try:
                     await self.respond(create, lane.stream_id)
+                except SocketClosed:
+                    return  # its generation stopped as its events closed
                 except APIError as exc:
                     await self._send(error_event(exc, lane.stream_id))
                 except Exception:
