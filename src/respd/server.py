@@ -232,6 +232,7 @@ def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: Key
         input_limits=settings.input_limits(),
         quotas=settings.quota_settings(),
         sealer=settings.sealer(),
+        socket_limits=settings.socket_limits(),
     )
 
 

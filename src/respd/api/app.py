@@ -38,6 +38,7 @@ from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.service import ResponsesService
+from respd.service.responses.socket import SocketLimits
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
 from respd.store import MemoryStore, Store
@@ -158,6 +159,7 @@ def create_app(
     input_limits: InputLimits | None = None,
     quotas: QuotaSettings | None = None,
     sealer: Sealer | None = None,
+    socket_limits: SocketLimits | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -188,6 +190,7 @@ def create_app(
     app.state.chat = services.chat
     app.state.quotas = KeyQuotas(quotas or QuotaSettings())
     app.state.runs = runs
+    app.state.socket_limits = socket_limits or SocketLimits()
     _install_routes(app)
     _install_middleware(app, keys, guard, quotas)
     install_metrics(app, models, store, runs, metrics_api_key, services.media.cache)

@@ -95,6 +95,9 @@ class GenerationSpec:
     reasoning_effort: str | None = None
     truncate: bool = False
     cache_key: str | None = None
+    # Keep the prompt's KV in the engine's longest-lived cache (`prompt_cache_retention`
+    # "24h").
+    retain: bool = False
     params: Params = field(default_factory=Params)
 
 
@@ -256,7 +259,9 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         )
     try:
-        stream = prepared.engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
+        stream = prepared.engine.generate(
+            prepared.prompt, spec.sampling, cache_key=spec.cache_key, retain=spec.retain
+        )
     except EngineBusy as exc:
         raise APIError(
             f"The server is overloaded: {exc}. Please retry shortly.",
