@@ -244,6 +244,7 @@ def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: Key
         quotas=settings.quota_settings(),
         sealer=settings.sealer(),
         admission=admission_gate(settings, models),
+        socket_limits=settings.socket_limits(),
     )
 
 

@@ -387,3 +387,58 @@ def test_ws_tool_call_events(client: openai.OpenAI) -> None:
         final = _ws_events_valid(events)
         assert [o["type"] for o in final["output"]] == ["function_call"]
         assert any(e["type"] == "response.function_call_arguments.delta" for e in events)
+
+
+def test_ws_generate_false(client: openai.OpenAI) -> None:
+    """websocket-generate-false: a `generate: false` create prepares the turn (no output,
+    completed); a create continuing it answers."""
+    with client.responses.connect() as conn:
+        events = _ws_turn(conn, input="My favourite colour is green.", store=False, generate=False)
+        assert [e["type"] for e in events] == [
+            "response.created",
+            "response.in_progress",
+            "response.completed",
+        ]
+        warmed = _ws_events_valid(events)
+        assert warmed["status"] == "completed" and warmed["output"] == []
+        assert warmed["usage"]["output_tokens"] == 0
+        answer = _ws_events_valid(
+            _ws_turn(
+                conn,
+                input="What is my favourite colour?",
+                store=False,
+                previous_response_id=warmed["id"],
+            )
+        )
+        assert finished(answer) and answer["output"]
+        assert answer["previous_response_id"] == warmed["id"]
+        assert answer["usage"]["input_tokens"] > warmed["usage"]["input_tokens"]
+
+
+def test_ws_failed_continuation_evicts_cache(client: openai.OpenAI) -> None:
+    """websocket-failed-continuation-evicts-cache: a continuation that fails (an output for
+    a call that was never made) evicts what it continued, so continuing it again is
+    `previous_response_not_found`."""
+    with client.responses.connect() as conn:
+        first = _ws_events_valid(
+            _ws_turn(
+                conn,
+                input=SF,
+                tools=[WEATHER],
+                tool_choice="required",
+                parallel_tool_calls=False,
+                store=False,
+            )
+        )
+        assert [o["type"] for o in first["output"]] == ["function_call"]
+        unknown = {"type": "function_call_output", "call_id": "call_never_made", "output": "{}"}
+        (failed,) = _ws_turn(conn, input=[unknown], store=False, previous_response_id=first["id"])
+        assert failed["type"] == "error" and failed["status"] == 400
+        known = {
+            "type": "function_call_output",
+            "call_id": first["output"][0]["call_id"],
+            "output": '{"temperature": "18C"}',
+        }
+        (gone,) = _ws_turn(conn, input=[known], store=False, previous_response_id=first["id"])
+        assert gone["type"] == "error" and gone["status"] == 404
+        assert gone["error"]["code"] == "previous_response_not_found"

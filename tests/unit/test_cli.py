@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from respd import __version__
-from respd.cli import build_parser, serve_help, settings_from_args
+from respd.cli import build_parser, main, serve_help, settings_from_args
 from respd.config import Settings
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real command in its own process: what a shell runs."""
     return subprocess.run(
         [sys.executable, "-m", "respd", *args],
         capture_output=True,
@@ -24,16 +25,25 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """The command line's entry point in this process: its exit status, stdout and stderr
+    (argparse exits for --help and for usage errors alike)."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exited.value.code or 0), out.out, out.err
+
+
 def test_version() -> None:
     out = _run("--version")
     assert out.returncode == 0
     assert out.stdout.strip() == f"respd {__version__}"
 
 
-def test_serve_help_documents_every_flag_and_env_var() -> None:
-    out = _run("serve", "--help")
-    assert out.returncode == 0
-    text = " ".join(out.stdout.split())
+def test_serve_help_documents_every_flag_and_env_var(capsys: pytest.CaptureFixture[str]) -> None:
+    status, stdout, _ = _main(capsys, "serve", "--help")
+    assert status == 0
+    text = " ".join(stdout.split())
     for name in Settings.model_fields:
         assert "--" + name.replace("_", "-") in text
         assert "RESPD_" + name.upper() in text
@@ -58,10 +68,10 @@ def test_flags_override_env_and_env_overrides_defaults(monkeypatch: pytest.Monke
     assert s.host == "127.0.0.1"  # default
 
 
-def test_invalid_flag_value_is_a_usage_error() -> None:
-    out = _run("serve", "--port", "-3")
-    assert out.returncode == 2
-    assert "port" in out.stderr
+def test_invalid_flag_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, stderr = _main(capsys, "serve", "--port", "-3")
+    assert status == 2
+    assert "port" in stderr
 
 
 def test_missing_model_file_fails_clearly(tmp_path: Path) -> None:

@@ -22,12 +22,13 @@ from respd.api.metrics import install_metrics
 from respd.api.openapi import describe
 from respd.api.quotas import (
     EXPOSED_HEADERS,
+    ConnectionLimits,
     KeyQuotas,
     QuotaMiddleware,
     QuotaSettings,
-    SocketLimits,
     TokenAccounting,
 )
+from respd.api.routes import add_routes
 from respd.engines.base import Engine
 from respd.protocol.wire import build_sdk_types
 from respd.service.chat.service import ChatService
@@ -39,6 +40,7 @@ from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.service import ResponsesService
+from respd.service.responses.socket import SocketLimits
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
 from respd.store import MemoryStore, Store
@@ -118,12 +120,8 @@ def _lifespan(
 def _install_routes(app: FastAPI) -> None:
     install_error_handlers(app)
     describe(app)
-    app.include_router(responses.router)
-    app.include_router(websocket.router)
-    app.include_router(conversations.router)
-    app.include_router(files.router)
-    app.include_router(chat.router)
-    app.include_router(model_routes.router)
+    for module in (responses, websocket, conversations, files, chat, model_routes):
+        add_routes(app, module.router)
 
 
 def _install_middleware(
@@ -136,7 +134,7 @@ def _install_middleware(
     if quotas is not None and quotas.any:
         app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
     if quotas is not None and (quotas.sockets_per_key or quotas.sockets_total):
-        app.add_middleware(SocketLimits, quotas=app.state.quotas)
+        app.add_middleware(ConnectionLimits, quotas=app.state.quotas)
     app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
     if guard is not None and guard.cors_origins:
         app.add_middleware(
@@ -168,6 +166,7 @@ def create_app(
     quotas: QuotaSettings | None = None,
     sealer: Sealer | None = None,
     admission: AdmissionGate | None = None,
+    socket_limits: SocketLimits | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown."""
@@ -201,6 +200,7 @@ def create_app(
     app.state.chat = services.chat
     app.state.quotas = key_quotas
     app.state.runs = runs
+    app.state.socket_limits = socket_limits or SocketLimits()
     _install_routes(app)
     _install_middleware(app, keys, guard, quotas)
     install_metrics(app, models, store, runs, metrics_api_key, services.media.cache)

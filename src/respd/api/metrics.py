@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from respd.api.identity import Unauthorized, presented_key
+from respd.api.routes import add_routes
 from respd.engines.base import Detail, Engine, detail_of
 from respd.service.generation.core import ActiveRuns, Api
 from respd.service.generation.output import Usage
@@ -282,6 +283,6 @@ def install_metrics(
     runs.observer = metrics
     app.state.metrics = metrics
     app.state.metrics_api_key = api_key or None
-    app.include_router(router)
+    add_routes(app, router)
     app.add_middleware(MetricsMiddleware, metrics=metrics, routes=app.router.routes)
     return metrics

@@ -116,7 +116,7 @@ class QuotaMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
-class SocketLimits:
+class ConnectionLimits:
     """Counts each identity's open WebSocket connections, from the upgrade to the close;
     an upgrade over the per-key or total cap is refused before it is accepted."""
 

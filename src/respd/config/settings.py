@@ -23,6 +23,7 @@ from respd.config.media import MediaConfig
 from respd.config.sampling import SamplingConfig
 from respd.config.store import StoreConfig
 from respd.config.upstream import UpstreamConfig
+from respd.config.websocket import WebSocketConfig
 
 if TYPE_CHECKING:
     from respd.service.sealing import Sealer
@@ -32,6 +33,7 @@ class Settings(
     HttpConfig,
     KeysConfig,
     LimitsConfig,
+    WebSocketConfig,
     EngineConfig,
     SamplingConfig,
     UpstreamConfig,

@@ -309,11 +309,25 @@ class Engine(Protocol):
         ...
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        retain: bool = False,
     ) -> GenerationStream:
         """Admit a request at once (raising `EngineBusy` when full) and return its stream;
         closing the stream early cancels the generation. `cache_key` steers requests that
-        share a prompt prefix to the same cache."""
+        share a prompt prefix to the same cache; `retain` asks that the prompt's cache be
+        kept in the longest-lived tier the engine has, and evicted after the others."""
+        ...
+
+    async def prewarm(
+        self, prompt: Prompt, *, cache_key: str | None = None, retain: bool = False
+    ) -> int:
+        """Put `prompt` in the engine's cache without generating (as `generate` would,
+        raising `EngineBusy` when full) and return how many of its tokens were cached
+        already; an engine that keeps no cache of its own does nothing and returns 0."""
         ...
 
     def stats(self) -> EngineStats: ...

@@ -66,6 +66,7 @@ class Call:
     params: SamplingParams
     cache_key: str | None
     cancelled: bool = False
+    retain: bool = False
 
 
 class FakeEngine:
@@ -101,6 +102,7 @@ class FakeEngine:
         self._respond = respond
         self.capacity = capacity
         self.calls: list[Call] = []
+        self.prewarmed: list[Call] = []  # `prewarm` calls, which generate nothing
         self._stats = EngineStats()
         self._running = 0
         self.closed = False
@@ -116,15 +118,29 @@ class FakeEngine:
         return prompt
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        retain: bool = False,
     ) -> GenerationStream:
         if self._running >= self.capacity:
             raise EngineBusy(f"all {self.capacity} fake slots are busy")
         reply = self._next_reply(prompt, params)
-        call = Call(prompt, params, cache_key)
+        call = Call(prompt, params, cache_key, retain=retain)
         self.calls.append(call)
         self._running += 1
         return _FakeStream(self, call, reply)
+
+    async def prewarm(
+        self, prompt: Prompt, *, cache_key: str | None = None, retain: bool = False
+    ) -> int:
+        """Nothing to warm: the call is recorded (`prewarmed`), no reply is used."""
+        if self._running >= self.capacity:
+            raise EngineBusy(f"all {self.capacity} fake slots are busy")
+        self.prewarmed.append(Call(prompt, SamplingParams(max_tokens=0), cache_key, retain=retain))
+        return 0
 
     def stats(self) -> EngineStats:
         self._stats.running = self._running

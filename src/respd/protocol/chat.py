@@ -40,6 +40,7 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: int | None = None
     user: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     reasoning_effort: str | None = None

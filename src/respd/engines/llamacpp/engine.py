@@ -45,6 +45,7 @@ from respd.engines import defaults
 from respd.engines.base import (
     ChatMessage,
     EngineStats,
+    GenerationDone,
     GenerationStream,
     Image,
     Prompt,
@@ -415,10 +416,16 @@ class LlamaCppEngine:
     # -- admission ------------------------------------------------------------------------
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        retain: bool = False,
     ) -> GenerationStream:
         """Admit a request now (raising `EngineBusy` when slots and queue are full) and
-        return its event stream; closing the stream cancels the request."""
+        return its event stream; closing the stream cancels the request. `retain`: the
+        slot's KV, once saved to the tiers, goes after every other entry there."""
         spans = self._image_spans(prompt.tokens, prompt.images)
         job = Job(
             list(prompt.tokens),
@@ -429,9 +436,34 @@ class LlamaCppEngine:
             asyncio.Queue(),
             outbox=self._worker.outbox,
             images=spans,
+            retain=retain,
         )
         self._worker.admit(job)
         return JobStream(job, self._worker.release)
+
+    async def prewarm(
+        self, prompt: Prompt, *, cache_key: str | None = None, retain: bool = False
+    ) -> int:
+        """Decode `prompt` into a slot (reusing what is cached, as a request would) and
+        stop before the first sample: the slot then holds the whole prompt, for the next
+        request that starts with it. Returns the prompt tokens that were cached already."""
+        # No output, so no grammar to compile into a sampler.
+        stream = self.generate(
+            replace(prompt, compiled=None),
+            SamplingParams(max_tokens=0),
+            cache_key=cache_key,
+            retain=retain,
+        )
+        cached = 0
+        try:
+            async for event in stream:
+                if isinstance(event, GenerationDone):
+                    if event.finish_reason == "error":
+                        raise RuntimeError(f"prewarming the prompt failed: {event.error}")
+                    cached = event.cached_tokens
+        finally:
+            await stream.aclose()
+        return cached
 
     def close(self) -> None:
         self._worker.stop()

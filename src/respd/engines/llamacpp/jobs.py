@@ -39,6 +39,8 @@ class Job:
     # Their embeddings on the encoder thread's way (background encoding; set at admission).
     encodes: dict[ImageChunk, Future[Any]] = field(default_factory=dict)
     cancel: threading.Event = field(default_factory=threading.Event)
+    # Its KV goes after every other saved state (`prompt_cache_retention` "24h").
+    retain: bool = False
     # Set by the worker while the job runs:
     slot: Slot | None = None
     sampler: ctypes.c_void_p | None = None

@@ -8,10 +8,14 @@ llama.cpp calls), so it is tested without a model.
 
 Entries live in RAM, bounded by bytes, least recently used first out; with a directory, an
 entry pushed out of RAM spills to a file there (bounded by bytes too), and `close` writes
-what RAM still holds. Each file starts with a header naming the model identity it was made
-with: at start the directory is scanned, files of another identity (another model, context
-size, KV type, llama.cpp version) or damaged ones are deleted, and the rest form the index.
-Files are written to a temporary name and renamed, so a crash never leaves a half file
+what RAM still holds. An entry saved with `retain` (a request's `prompt_cache_retention`
+"24h") is written to the disk tier at once, and either tier evicts it only when no entry
+without `retain` is left to evict; the mark lives in memory (files are not marked).
+
+Each file starts with a header naming the model identity it was made with: at start the
+directory is scanned, files of another identity (another model, context size, KV type,
+llama.cpp version) or damaged ones are deleted, and the rest form the index. Files are
+written to a temporary name and renamed, so a crash never leaves a half file
 under a real name.
 
 Thread-safe: the decode worker saves and restores, other threads read `stats`.
@@ -113,6 +117,7 @@ class _Entry:
     size: int  # state bytes
     cache_key: str | None
     state: bytes | None = None  # the RAM copy
+    retain: bool = False  # evicted after every entry without it
     file_bytes: int = 0  # the disk copy's size; 0: none
 
 
@@ -223,9 +228,17 @@ class KVTier:
 
     # -- saving -------------------------------------------------------------------------
 
-    def put(self, tokens: Sequence[int], state: bytes, cache_key: str | None = None) -> bool:
-        """Keep `state`, the KV of `tokens`. False when not kept: too short, already held
-        (an entry holds these tokens or more), or larger than every tier."""
+    def put(
+        self,
+        tokens: Sequence[int],
+        state: bytes,
+        cache_key: str | None = None,
+        *,
+        retain: bool = False,
+    ) -> bool:
+        """Keep `state`, the KV of `tokens` (with `retain`: on disk at once, evicted last).
+        False when not kept: too short, already held (an entry holds these tokens or more),
+        or larger than every tier."""
         if len(tokens) < MIN_RESTORE_TOKENS or not state:
             return False
         if len(state) > max(self.ram_limit, self.disk_limit):
@@ -239,20 +252,24 @@ class KVTier:
             ]
             for other in related:
                 if common_prefix(other.tokens, key) == len(key):  # held, maybe with more
+                    other.retain = other.retain or retain
                     self._touch(other)
                     return False
             for other in related:
                 if common_prefix(other.tokens, key) == len(other.tokens):
                     self._drop(other)  # the new entry serves every prompt it served
-            e = _Entry(_entry_id(key), key, len(state), cache_key)
+            e = _Entry(_entry_id(key), key, len(state), cache_key, retain=retain)
             self._entries[e.id] = e
+            if retain:
+                self._spill(e, state)
             if e.size <= self.ram_limit:
                 e.state = state
                 self._ram[e.id] = None
                 self._ram_used += e.size
                 self._trim_ram()
             else:
-                self._spill(e, state)
+                if not e.file_bytes:
+                    self._spill(e, state)
                 if not e.file_bytes:
                     del self._entries[e.id]
                     return False
@@ -308,7 +325,8 @@ class KVTier:
     def _trim_ram(self) -> None:
         """Push the least recently used entries out of RAM until it fits, onto disk."""
         while self._ram_used > self.ram_limit and self._ram:
-            entry_id, _ = self._ram.popitem(last=False)
+            entry_id = self._victim(self._ram)
+            del self._ram[entry_id]
             e = self._entries[entry_id]
             state = e.state
             e.state = None
@@ -327,7 +345,10 @@ class KVTier:
         if size > self.disk_limit:
             return
         while self._disk_used + size > self.disk_limit and self._disk:
-            self._unlink(self._entries[next(iter(self._disk))])
+            victim = self._entries[self._victim(self._disk)]
+            if victim.retain and not e.retain:
+                return  # the disk holds only retained entries: they stay
+            self._unlink(victim)
         path = self._path(e.id)
         tmp = path.with_name(f".{e.id}.{uuid.uuid4().hex}{TMP_SUFFIX}")
         try:
@@ -345,6 +366,14 @@ class KVTier:
         e.file_bytes = size
         self._disk[e.id] = None
         self._disk_used += size
+
+    def _victim(self, order: OrderedDict[str, None]) -> str:
+        """The entry a tier evicts next: its least recently used one without `retain`,
+        else its least recently used one."""
+        for entry_id in order:
+            if not self._entries[entry_id].retain:
+                return entry_id
+        return next(iter(order))
 
     def _stamp(self) -> tuple[int, int]:
         """Times for a file just used: its mtime orders the disk's LRU across a restart,

@@ -136,7 +136,8 @@ class KvSequences:
         state = self.state(seq)
         if state is None:
             return False
-        return tier.put(tokens, memoryview(state[0])[: state[1]].tobytes(), slot.cache_key)
+        data = memoryview(state[0])[: state[1]].tobytes()
+        return tier.put(tokens, data, slot.cache_key, retain=slot.retain)
 
     def restore(self, slot: Slot, match: TierMatch) -> bool:
         """Load `match`'s saved state into `slot`'s sequence (its old cells go first); on

@@ -29,6 +29,7 @@ class Slot:
     tokens: list[int] = field(default_factory=list)  # what the KV cache holds for this seq
     job: Any = None  # the request running here, or None when free
     cache_key: str | None = None  # prompt_cache_key of the last request served here
+    retain: bool = False  # that request asked its KV be kept longest
     prompt_len: int = 0  # how many of `tokens` were that request's prompt
     last_used: int = 0
 

@@ -216,6 +216,7 @@ class DecodeWorker:
             slot.prompt_len = len(job.prompt)
             slot.job = job
             slot.cache_key = job.cache_key
+            slot.retain = job.retain
             job.slot = slot
             job.cached = reuse
             job.fed = reuse

@@ -301,11 +301,22 @@ class UpstreamEngine:
         return forced and not self.forces_tools and self.enforces_schemas
 
     def generate(
-        self, prompt: Prompt, params: SamplingParams, *, cache_key: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        *,
+        cache_key: str | None = None,
+        retain: bool = False,
     ) -> GenerationStream:
         if self._stats.running >= self.max_concurrency:
             raise EngineBusy(f"all {self.max_concurrency} upstream connections are busy")
         return _UpstreamStream(self, prompt, params)
+
+    async def prewarm(
+        self, prompt: Prompt, *, cache_key: str | None = None, retain: bool = False
+    ) -> int:
+        """The upstream keeps its own cache, which Chat Completions cannot warm: nothing."""
+        return 0
 
     def stats(self) -> EngineStats:
         self._stats.healthy = self.healthy

@@ -27,6 +27,7 @@ from respd.service.generation.output import (
     ReasoningDelta,
     TextDelta,
 )
+from respd.service.generation.prompt_cache import prompt_cache
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import chat_answer_schema
 from respd.service.ids import new_id
@@ -147,6 +148,7 @@ class ChatService:
         self.limits.check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
         engine = self.models.get(req.model)
         check_metadata(req.metadata)
+        cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         if req.n not in (None, 1):
             raise Unsupported("Only n=1 is supported.", param="n")
         tools = chat_tools(req.tools, engine.check_schema)
@@ -196,7 +198,8 @@ class ChatService:
             policy=policy,
             answer_schema=answer,
             reasoning_effort=req.reasoning_effort,
-            cache_key=req.prompt_cache_key or req.user,
+            cache_key=cache.key or req.user,
+            retain=cache.retain,
             params=Params(
                 messages="messages",
                 answer="response_format",

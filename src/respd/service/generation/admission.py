@@ -33,9 +33,7 @@ class _Engine:
 
     slots: int
     running: int = 0
-    waiting: OrderedDict[str, deque[weakref.ref[_GatedStream]]] = field(
-        default_factory=OrderedDict
-    )
+    waiting: OrderedDict[str, deque[weakref.ref[_GatedStream]]] = field(default_factory=OrderedDict)
 
     def queued(self) -> int:
         return sum(len(q) for q in self.waiting.values())

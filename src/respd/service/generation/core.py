@@ -96,6 +96,9 @@ class GenerationSpec:
     reasoning_effort: str | None = None
     truncate: bool = False
     cache_key: str | None = None
+    # Keep the prompt's KV in the engine's longest-lived cache (`prompt_cache_retention`
+    # "24h").
+    retain: bool = False
     params: Params = field(default_factory=Params)
 
 
@@ -262,7 +265,9 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
     engine = prepared.engine
 
     def start() -> GenerationStream:
-        return engine.generate(prepared.prompt, spec.sampling, cache_key=spec.cache_key)
+        return engine.generate(
+            prepared.prompt, spec.sampling, cache_key=spec.cache_key, retain=spec.retain
+        )
 
     gate = runs.gate if runs is not None else None
     try:

@@ -477,6 +477,16 @@ class ResponseEventMachine:
             )
         return events
 
+    def prepared(self, *, usage: Usage) -> list[ResponseStreamEvent]:
+        """A turn prepared without output (`generate: false`): `response.completed` with
+        no output items."""
+        self.usage = usage
+        self.status = "completed"
+        self.completed_at = int(time.time())
+        return [
+            self._event(ResponseCompletedEvent, type="response.completed", response=self.snapshot())
+        ]
+
     def fail(self, message: str, *, code: str = "server_error") -> list[ResponseStreamEvent]:
         """Close open items as incomplete and emit `response.failed`."""
         events = self._close_open("incomplete")

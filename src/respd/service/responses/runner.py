@@ -19,6 +19,7 @@ from respd.service.generation import core
 from respd.service.generation.core import GenerationSpec, Params, PreparedGeneration
 from respd.service.generation.logprobs import check_top_logprobs
 from respd.service.generation.output import Finished, Started
+from respd.service.generation.prompt_cache import prompt_cache
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
 from respd.service.media.lowering import Lowering, require_effective_input
@@ -150,7 +151,7 @@ def build_echo(
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
         "previous_response_id": req.previous_response_id,
         "prompt_cache_key": req.prompt_cache_key,
-        "prompt_cache_retention": req.prompt_cache_retention,
+        "prompt_cache_retention": prompt_cache(None, req.prompt_cache_retention).retention,
         "reasoning": {
             "effort": req.reasoning.effort if req.reasoning else None,
             "summary": req.reasoning.summary if req.reasoning else None,
@@ -248,6 +249,7 @@ class ResponseRunner:
     async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
         """Everything up to the first event; raises (and stores nothing) on a bad request."""
         engine = self.checked_engine(req)
+        cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         sampling = request_sampling(req, self.default_max_tokens)
         sampling.logprobs = responses_logprobs(req)
         offered = responses_tools(req.tools, engine.check_schema)
@@ -277,7 +279,8 @@ class ResponseRunner:
             answer_schema=answer,
             reasoning_effort=req.reasoning.effort if req.reasoning else None,
             truncate=req.truncation == "auto",
-            cache_key=req.prompt_cache_key or req.user,
+            cache_key=cache.key or req.user,
+            retain=cache.retain,
             params=Params(),
         )
         generation, lead = await self._fit(engine, spec, req.context_management)

@@ -18,6 +18,7 @@ from respd.protocol.wire import wire
 from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.compaction import Compactor, CompactRequest, compaction_turn
 from respd.service.responses.events import ResponseEventMachine
+from respd.service.responses.prewarm import prewarm, wants_prewarm
 from respd.service.responses.runner import ResponseRunner, Turn
 from respd.service.responses.stored import StoredResponses
 from respd.service.shared import Shared
@@ -159,7 +160,10 @@ class ResponsesService:
         continues: str | None,
         release: Callable[[], None] | None = None,
     ) -> Answer | EventStream:
-        if compaction_turn(req.input):
+        turn: Turn
+        if wants_prewarm(req):
+            turn, machine, events = await prewarm(self.runner, req, owner)
+        elif compaction_turn(req.input):
             run = await Compactor(self.runner).start(req, owner)
             turn, machine, events = run.turn, run.machine, run.events
         else:
@@ -177,6 +181,16 @@ class ResponsesService:
             return EventStream(events, turn, machine)
         work = self._finished(machine, events)
         return Answer(await (until(work) if until is not None else work))
+
+    async def prewarm(
+        self, req: CreateResponseRequest, owner: str, *, continues: str | None = None
+    ) -> EventStream:
+        """A response prepared without output (`generate: false`): its state kept as any
+        response's and its prompt warmed in the engine's cache (see `prewarm.py`)."""
+        turn, machine, events = await prewarm(self.runner, req, owner)
+        if continues is not None:
+            machine.echo["previous_response_id"] = continues
+        return EventStream(events, turn, machine)
 
     async def _finished(
         self, machine: ResponseEventMachine, events: AsyncGenerator[ResponseStreamEvent, None]

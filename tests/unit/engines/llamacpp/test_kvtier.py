@@ -204,3 +204,30 @@ def test_concurrent_use_leaks_nothing(tmp_path: Path) -> None:
     assert files(tmp_path) == {f"{e.id}.kv" for e in on_disk}
     assert stats.disk_bytes == sum(p.stat().st_size for p in tmp_path.iterdir()) <= disk_limit
     assert all(e.in_ram or e.on_disk for e in entries)
+
+
+def test_retained_entries_leave_ram_last() -> None:
+    tier = KVTier(ID_A, ram_bytes=250)
+    keep, a, b = toks(1, 100), toks(2, 100), toks(3, 100)
+    assert tier.put(keep, state(100), retain=True)
+    assert tier.put(a, state(100))
+    assert tier.put(b, state(100))  # over the bound: `a` goes, though `keep` is older
+    assert tier.find([*keep, 5], limit=100) is not None
+    assert tier.find([*a, 5], limit=100) is None
+    assert tier.find([*b, 5], limit=100) is not None
+
+
+def test_retained_entries_are_written_to_disk_at_once_and_evicted_last(tmp_path: Path) -> None:
+    size = 100 + 4 * 80 + 32 + 24  # state, tokens, header: one file
+    tier = KVTier(ID_A, ram_bytes=10_000, disk_dir=tmp_path, disk_bytes=2 * size)
+    keep = toks(1, 80)
+    assert tier.put(keep, state(100), retain=True)
+    assert len(files(tmp_path)) == 1  # on disk though RAM has room
+    # Plain entries spill (at close) into the room left; the retained file stays.
+    for seed in (2, 3, 4):
+        assert tier.put(toks(seed, 80), state(100))
+    tier.close()
+    on_disk = {e.n_tokens for e in tier.entries() if e.on_disk}
+    assert tier.stats().disk_entries == 2 and on_disk == {80}
+    reopened = KVTier(ID_A, ram_bytes=10_000, disk_dir=tmp_path, disk_bytes=2 * size)
+    assert reopened.find([*keep, 9], limit=80) is not None
