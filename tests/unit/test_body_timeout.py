@@ -72,6 +72,16 @@ async def _send_slowly(
             await asyncio.sleep(every)
 
 
+async def _answer(reader: asyncio.StreamReader) -> bytes | None:
+    """What the server sent before closing, or None where the close arrived as a reset: a
+    server that closes a socket holding unread bytes (the trickle's last ones) sends RST,
+    which may overtake the 408 it wrote just before."""
+    try:
+        return await reader.read()
+    except ConnectionResetError:
+        return None
+
+
 async def test_a_trickled_body_is_answered_408_and_closed(port: int) -> None:
     conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(8)]
     t0 = time.monotonic()
@@ -80,13 +90,15 @@ async def test_a_trickled_body_is_answered_408_and_closed(port: int) -> None:
         writer.write(_head(1_000_000))
         trickles.append(asyncio.create_task(_send_slowly(writer, b"x", TIMEOUT / 4, 100)))
     answers = await asyncio.wait_for(
-        asyncio.gather(*(reader.read() for reader, _ in conns)), timeout=TIMEOUT * 3 + 2
+        asyncio.gather(*(_answer(reader) for reader, _ in conns)), timeout=TIMEOUT * 3 + 2
     )
     waited = time.monotonic() - t0
     assert TIMEOUT * 0.8 <= waited < TIMEOUT * 3 + 1
+    assert any(answer is not None for answer in answers)  # not every close was a reset
     for answer in answers:
-        assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
-        assert b'"code":"request_timeout"' in answer
+        if answer is not None:
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
+            assert b'"code":"request_timeout"' in answer
     for task in trickles:
         task.cancel()
     for _, writer in conns:
