@@ -11,6 +11,7 @@ its model, so the catalog is always the one the server actually serves.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -33,6 +34,17 @@ _EFFORTS = (
     ("medium", "Balances speed and depth."),
     ("high", "Thinks longest before answering."),
 )
+
+
+def instructions(engine: Engine) -> str:
+    """The session's instructions; for a model whose calls this server reads from its text,
+    with one call written in that model family's own format, which small models copy."""
+    fmt = engine.profile.tool_format
+    if fmt is None:
+        return CODEX_INSTRUCTIONS
+    call = json.dumps({"name": "exec_command", fmt.args_key: {"cmd": "date"}})
+    example = f"{fmt.list_open}{fmt.call_open}{call}{fmt.call_close}{fmt.list_close}"
+    return f"{CODEX_INSTRUCTIONS} Example: asked to run date, you reply\n{example}"
 
 
 def _reasoning(engine: Engine) -> dict[str, Any]:
@@ -59,7 +71,7 @@ def model_info(engine: Engine, priority: int = 0) -> dict[str, Any]:
         "slug": engine.model_id,
         "display_name": engine.model_id,
         "description": f"{engine.model_id}, served by respd.",
-        "base_instructions": CODEX_INSTRUCTIONS,
+        "base_instructions": instructions(engine),
         **_reasoning(engine),
         "shell_type": "unified_exec",
         "visibility": "list",
