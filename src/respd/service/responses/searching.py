@@ -110,7 +110,14 @@ class SearchLoop:
                 routes[tool.name] = loaded.routes[tool.name]
         if searched >= self.max_searches:
             tools = [t for t in tools if t.name != SEARCH_NAME]
-        return replace(spec, messages=[*spec.messages, *added], tools=tools)
+        # a forced choice was the first pass's: from here the model may answer
+        policy = spec.policy
+        allowed = policy.allowed
+        if allowed is not None:
+            allowed = (*allowed, *(t.name for t in loaded.tools if t.name not in allowed))
+        policy = replace(policy, mode="auto" if policy.mode == "required" else policy.mode)
+        policy = replace(policy, allowed=allowed)
+        return replace(spec, messages=[*spec.messages, *added], tools=tools, policy=policy)
 
     async def start(self, spec: GenerationSpec) -> core.Run:
         return core.run(await core.prepare(self.engine, spec), self.runs)
@@ -152,6 +159,14 @@ async def searching_events(
                 yield event
         searched += len(calls)
         spec = loop.next_spec(spec, machine.output[mark:], searched, machine.routes)
+        budget = loop.spec.sampling.max_tokens  # the whole response's, every pass included
+        if budget is not None:
+            if total.output_tokens >= budget:
+                for event in machine.finish(usage=total, incomplete_reason="max_output_tokens"):
+                    yield event
+                return
+            left = budget - total.output_tokens
+            spec = replace(spec, sampling=replace(spec.sampling, max_tokens=left))
         try:
             run = await loop.start(spec)
         except APIError as exc:

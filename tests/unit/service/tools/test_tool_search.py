@@ -224,3 +224,31 @@ def test_search_by_query_ranks_names_over_descriptions() -> None:
     # paths name a namespace, one of its tools, or a top-level function exactly
     assert search({"paths": ["crm.list_open_orders"]}, deferred)[0]["name"] == "crm"
     assert search({"paths": ["get_weather"], "query": "orders"}, deferred) == [WEATHER]
+
+
+async def test_a_forced_search_holds_for_the_first_pass_only(
+    http: httpx.AsyncClient, engine: FakeEngine, script: Script
+) -> None:
+    script.calls = [("tool_search", {"query": "weather"})]
+    choice = {"type": "function", "name": "tool_search"}
+    data = await _create(http, input="weather?", tools=TOOLS, tool_choice=choice)
+    assert [i["type"] for i in data["output"]] == [
+        "tool_search_call",
+        "tool_search_output",
+        "message",
+    ]
+    first, second = (c.prompt.request.constraint for c in engine.calls)
+    assert first is not None and second is None  # the answer after the search is free
+
+
+async def test_max_output_tokens_bounds_every_pass_together(
+    http: httpx.AsyncClient, engine: FakeEngine, script: Script
+) -> None:
+    script.calls = [("tool_search", {"query": "weather"})]
+    first_call = len(json.dumps({"name": "tool_search", "arguments": {"query": "weather"}}))
+    budget = first_call + 40  # the call's tags and JSON, then a little for the answer
+    data = await _create(http, input="weather?", tools=TOOLS, max_output_tokens=budget)
+    assert len(engine.calls) == 2
+    passes = [c.params.max_tokens for c in engine.calls]
+    assert passes[0] == budget and passes[1] is not None and passes[1] < budget
+    assert data["usage"]["output_tokens"] <= budget
