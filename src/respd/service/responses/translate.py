@@ -298,7 +298,8 @@ def _search_output(
     item: dict[str, Any], param: str, messages: list[ChatMessage], prior: list[ChatMessage]
 ) -> None:
     """The tools a search loaded, as its result: for the search call it names, else the
-    latest one not yet answered (a hosted search's output follows its call). The tools
+    first one not yet answered (hosted searches' outputs follow their calls, in order). The
+    tools
     themselves join the offered tools (`tool_search.load_found`)."""
     tools = item.get("tools")
     if not isinstance(tools, list):
@@ -310,7 +311,7 @@ def _search_output(
     if wanted:
         match = next((c for c in calls if c.id == wanted), None)
     else:
-        match = next((c for c in reversed(calls) if c.id not in answered), None)
+        match = next((c for c in calls if c.id not in answered), None)
     if match is None:
         return  # tools loaded with no search in the history: nothing to answer
     text = output_text([t for t in tools if isinstance(t, dict)])

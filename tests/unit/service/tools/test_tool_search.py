@@ -58,6 +58,8 @@ class Script:
         if not self.calls:
             return Reply(["Done."])
         name, arguments = self.calls.pop(0)
+        if not name:  # written as given
+            return Reply([arguments["text"]])
         call = json.dumps({"name": name, "arguments": arguments})
         return Reply([f"<tool_call>\n{call}\n</tool_call>"])
 
@@ -252,3 +254,26 @@ async def test_max_output_tokens_bounds_every_pass_together(
     passes = [c.params.max_tokens for c in engine.calls]
     assert passes[0] == budget and passes[1] is not None and passes[1] < budget
     assert data["usage"]["output_tokens"] <= budget
+
+
+async def test_two_searches_in_one_pass_each_get_their_output_in_order(
+    http: httpx.AsyncClient, engine: FakeEngine, script: Script
+) -> None:
+    calls = [
+        json.dumps({"name": "tool_search", "arguments": {"query": q}})
+        for q in ("weather", "orders")
+    ]
+    text = "".join(f"<tool_call>\n{c}\n</tool_call>\n" for c in calls)
+    script.calls = [("", {"text": text})]
+    first = await _create(http, input="both?", tools=TOOLS)
+    kinds = [i["type"] for i in first["output"]]
+    assert kinds == ["tool_search_call"] * 2 + ["tool_search_output"] * 2 + ["message"]
+    found = [[t["name"] for t in i["tools"]] for i in first["output"][2:4]]
+    assert found == [["get_weather"], ["crm"]]
+    # replayed, each output answers its own search: the first the first
+    await _create(http, input="ok", tools=TOOLS, previous_response_id=first["id"])
+    messages = engine.calls[-1].prompt.request.messages
+    ids = [c.id for m in messages for c in m.tool_calls]
+    answers = [m for m in messages if m.role == "tool"]
+    assert [m.tool_call_id for m in answers] == ids
+    assert "get_weather" in answers[0].text and "crm__list_open_orders" in answers[1].text
