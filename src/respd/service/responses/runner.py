@@ -260,6 +260,9 @@ class ResponseRunner:
                 "hosted tools left out of the prompt (not run by this server): %s",
                 ", ".join(offered.omitted),
             )
+        history, messages = await self.context(engine, req, owner, req.input)
+        # tools earlier searches loaded: offered, and choosable, like the request's own
+        load_found(offered, [history.items, req.input], engine.check_schema)
         tools = offered.tools
         policy = responses_tool_choice(req.tool_choice, tools)
         if req.max_tool_calls is not None and req.max_tool_calls < 1:
@@ -272,8 +275,6 @@ class ResponseRunner:
             policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
         )
         answer = responses_answer_schema(req.text.format if req.text else None, engine.check_schema)
-        history, messages = await self.context(engine, req, owner, req.input)
-        load_found(offered, [history.items, req.input], engine.check_schema)
         spec = GenerationSpec(
             messages=messages,
             sampling=sampling,
