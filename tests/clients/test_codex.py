@@ -4,9 +4,11 @@ command through its `exec_command` function tool, edit a file through its freefo
 `apply_patch` custom tool (a Lark grammar), and compact a resumed session server-side
 (`compaction_trigger`). Each session must end normally (exit status 0).
 
-Codex is configured as docs/clients/codex.md shows (tests/clients/codex): a model catalog entry for
-the default model (its context window, a short instruction text, the freeform
-apply_patch tool) and no sub-agent or goal tools. The 135M model is greedy here
+Codex is configured as docs/clients/codex.md shows (tests/clients/codex): respd as a
+provider with a token command, so Codex asks respd for its model catalog (`GET
+/v1/models?client_version=…`: the context window, short instructions, the freeform
+apply_patch tool) instead of reading a catalog file, and no sub-agent or goal tools. The
+135M model is greedy here
 (`--temperature 0`) and is told exactly which call to write; what is tested is the
 protocol: every request Codex sends is accepted, its calls come back as the items Codex
 executes, and their outputs go back in.
@@ -85,10 +87,7 @@ def codex(
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
-    catalog = home / "models.json"
-    catalog.write_text((CODEX_DIR / "models.json").read_text())
     config = (CODEX_DIR / "config.toml").read_text()
-    config = config.replace("{catalog}", str(catalog))
     config = config.replace("{base_url}", codex_proxy.base_url("codex"))
     (home / "config.toml").write_text(config)
     sent: list[Captured] = []
@@ -115,12 +114,17 @@ def _call(call: str, *, lines: bool = False) -> str:
 
 
 def _requests(proxy: CaptureProxy, flow: str) -> list[Captured]:
+    """The turns Codex sent (all answered 200), after it asked respd for its models."""
     seen = proxy.seen("codex", flow)
     assert seen, "Codex sent respd nothing"
     for r in seen:
         assert r.status == 200, f"{r.method} {r.path} answered {r.status}"
-        assert r.path == "/v1/responses"
-    return seen
+    discovery = [r for r in seen if r.method == "GET"]
+    assert discovery, "Codex did not ask respd for its models"
+    assert all(r.path == "/v1/models" and "client_version=" in r.query for r in discovery)
+    turns = [r for r in seen if r.method == "POST"]
+    assert all(r.path == "/v1/responses" for r in turns)
+    return turns
 
 
 def _input_types(r: Captured) -> list[str]:
@@ -134,6 +138,7 @@ def test_codex_answers(codex: tuple[Path, list[Captured]], codex_proxy: CaptureP
     assert done.returncode == 0, done.stderr[-4000:]
     assert done.stdout.strip(), "the turn ended without an answer"
     (first,) = _requests(codex_proxy, "answer")
+    assert "Model metadata" not in done.stderr  # the catalog respd served was used
     body = first.body
     assert body["store"] is False and body["stream"] is True
     assert "reasoning.encrypted_content" in body["include"]
@@ -179,11 +184,8 @@ def test_codex_compacts_a_session_past_its_token_limit(
     first = run_codex(work, f"Reply with exactly this line and nothing else: {_call(SHELL)}")
     assert first.returncode == 0, first.stderr[-4000:]
     assert (work / "out.txt").read_text() == "hello\n"
-    catalog = work.parent / "codex-home" / "models.json"
-    models = json.loads(catalog.read_text())
-    models["models"][0]["auto_compact_token_limit"] = 50
-    catalog.write_text(json.dumps(models))
-    resume = run_codex(work, "resume", "--last", "What is 2+2?")
+    limit = "model_auto_compact_token_limit=50"
+    resume = run_codex(work, "-c", limit, "resume", "--last", "What is 2+2?")
     assert resume.returncode == 0, resume.stderr[-4000:]
     assert "context compacted" in resume.stderr
     sent = _requests(codex_proxy, "compaction")

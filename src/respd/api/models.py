@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, replace
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from respd.engines.base import Engine
+from respd.service.codex import codex_catalog
 from respd.service.media.cache import MediaCache
 from respd.service.models import ModelRegistry
 
@@ -31,9 +34,31 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
     }
 
 
-@router.get("/v1/models")
-@router.get("/models", include_in_schema=False)
-async def list_models(request: Request) -> dict[str, Any]:
+def _etag_matches(header: str | None, etag: str) -> bool:
+    """RFC 9110's weak comparison of `If-None-Match` (a list, or `*`) with `etag`."""
+    if not header:
+        return False
+    tags = [t.strip() for t in header.split(",")]
+    return "*" in tags or etag in (t.removeprefix("W/") for t in tags)
+
+
+def _codex_models(request: Request) -> Response:
+    """Codex's model discovery: its `ModelsResponse`, with an ETag so an unchanged catalog
+    is a 304."""
+    body = json.dumps(codex_catalog(_models(request)), separators=(",", ":")).encode()
+    etag = f'"{hashlib.sha256(body).hexdigest()[:32]}"'
+    headers = {"etag": etag, "cache-control": "no-cache"}
+    if _etag_matches(request.headers.get("if-none-match"), etag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.get("/v1/models", response_model=None)
+@router.get("/models", include_in_schema=False, response_model=None)
+async def list_models(request: Request) -> dict[str, Any] | Response:
+    """OpenAI's model list; Codex, which names its `client_version`, gets its own catalog."""
+    if "client_version" in request.query_params:
+        return _codex_models(request)
     return {"object": "list", "data": [_model_card(request, e) for e in _models(request)]}
 
 

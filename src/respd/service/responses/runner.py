@@ -27,6 +27,7 @@ from respd.service.metadata import check_metadata
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
+from respd.service.responses.searching import SearchLoop, searching_events
 from respd.service.responses.summary import (
     compaction_item,
     compaction_threshold,
@@ -36,7 +37,8 @@ from respd.service.responses.summary import (
 from respd.service.responses.translate import check_item_shapes, input_to_messages, summary_turn
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
-from respd.service.tools.definitions import ToolRoute, responses_tool_choice, responses_tools
+from respd.service.tools.definitions import ToolRoute, responses_tool_choice
+from respd.service.tools.tool_search import SearchPlan, load_found, offered_tools
 from respd.store.base import JSON, ResponseRecord
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class PreparedResponse(Turn):
     sealer: Sealer | None = field(default=None, kw_only=True)
     # items made before generating (automatic compaction), first in the output
     lead: list[JSON] = field(default_factory=list, kw_only=True)
+    # the deferred tools, when this server runs the model's tool searches
+    search: SearchPlan | None = field(default=None, kw_only=True)
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
         """The event machine for this response: its echo, how its calls map back, whether
@@ -252,12 +256,15 @@ class ResponseRunner:
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         sampling = request_sampling(req, self.default_max_tokens)
         sampling.logprobs = responses_logprobs(req)
-        offered = responses_tools(req.tools, engine.check_schema)
+        offered = offered_tools(req.tools, engine.check_schema)
         if offered.omitted:
             log.warning(
                 "hosted tools left out of the prompt (not run by this server): %s",
                 ", ".join(offered.omitted),
             )
+        history, messages = await self.context(engine, req, owner, req.input)
+        # tools earlier searches loaded: offered, and choosable, like the request's own
+        load_found(offered, [history.items, req.input], engine.check_schema)
         tools = offered.tools
         policy = responses_tool_choice(req.tool_choice, tools)
         if req.max_tool_calls is not None and req.max_tool_calls < 1:
@@ -270,7 +277,6 @@ class ResponseRunner:
             policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
         )
         answer = responses_answer_schema(req.text.format if req.text else None, engine.check_schema)
-        history, messages = await self.context(engine, req, owner, req.input)
         spec = GenerationSpec(
             messages=messages,
             sampling=sampling,
@@ -295,6 +301,7 @@ class ResponseRunner:
             routes=offered.routes,
             sealer=self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
             lead=lead,
+            search=offered.search if offered.search.hosted else None,
         )
 
     async def _fit(
@@ -410,7 +417,15 @@ class ResponseRunner:
         """Admit the generation now (a full engine is a 503 here, before any event) and
         return the events; closing the iterator cancels the generation."""
         generation = core.run(prepared.generation, self.runs)
-        return self._events(machine or prepared.machine(), generation, prepared.lead)
+        machine = machine or prepared.machine()
+        if prepared.search is not None:
+            cap = prepared.request.max_tool_calls  # counts hosted searches too
+            loop = SearchLoop(
+                prepared.generation.engine, prepared.generation.spec, self.runs, prepared.search
+            )
+            loop.max_searches = min(loop.max_searches, cap or loop.max_searches)
+            return searching_events(machine, generation, prepared.lead, loop)
+        return self._events(machine, generation, prepared.lead)
 
     async def _events(
         self, machine: ResponseEventMachine, generation: core.Run, lead: list[JSON]

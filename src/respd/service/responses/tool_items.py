@@ -21,6 +21,7 @@ from openai.types.responses import (
     ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionShellToolCall,
     ResponseFunctionToolCall,
+    ResponseToolSearchCall,
 )
 from openai.types.responses.response_output_item import LocalShellCall
 from pydantic import BaseModel
@@ -44,6 +45,7 @@ CALL_ITEM = {
     "local_shell": ("local_shell_call", "lsh"),
     "shell": ("shell_call", "sh"),
     "apply_patch": ("apply_patch_call", "apc"),
+    "tool_search": ("tool_search_call", "tsc"),
 }
 _PATCH_OPERATIONS = ("create_file", "update_file", "delete_file")
 # The class of each kind of call's finished item.
@@ -53,6 +55,7 @@ _ITEM_CLASSES: dict[str, type[BaseModel]] = {
     "local_shell": LocalShellCall,
     "shell": ResponseFunctionShellToolCall,
     "apply_patch": ResponseApplyPatchToolCall,
+    "tool_search": ResponseToolSearchCall,
 }
 
 
@@ -102,6 +105,12 @@ class OpenCall:
         if route.kind == "apply_patch" and status != "completed":
             status = "in_progress"  # the item type knows no other unfinished state
         head = {"id": self.id, "type": CALL_ITEM[route.kind][0], "status": status}
+        if route.kind == "tool_search":
+            # a hosted search has no call id: its output follows it in the same response
+            execution = route.execution or "server"
+            call_id = self.call_id if execution == "client" else None
+            args = _json_object(self.arguments)
+            return {**head, "call_id": call_id, "execution": execution, "arguments": args}
         if route.kind == "local_shell":
             args = _json_object(self.arguments)
             command = args.get("command")

@@ -14,6 +14,7 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
 from respd.service.sealing import Sealer, Unsealable
 from respd.service.tools.definitions import APPLY_PATCH, LOCAL_SHELL, SHELL, namespaced
+from respd.service.tools.tool_search import SEARCH_NAME, output_text
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 # Item types that a later piece of work implements; until then they are a named 400.
@@ -37,8 +38,6 @@ _HOSTED_CALL_ITEMS = frozenset(
         "mcp_call",
         "mcp_approval_request",
         "mcp_approval_response",
-        "tool_search_call",
-        "tool_search_output",
     }
 )
 
@@ -130,6 +129,10 @@ def input_to_messages(
             _client_call(item, param, messages)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             _function_call_output(item, param, messages, low=low, prior=prior or [])
+        elif kind == "tool_search_call":
+            _search_call(item, param, messages)
+        elif kind == "tool_search_output":
+            _search_output(item, param, messages, prior or [])
         elif kind == "local_shell_call_output":
             _local_shell_output(item, param, messages, prior=prior or [])
         elif kind == "shell_call_output":
@@ -275,6 +278,44 @@ def _client_output(
             code="invalid_value",
         )
     messages.append(ChatMessage("tool", text, tool_call_id=call_id, name=tool))
+
+
+def _search_call(item: dict[str, Any], param: str, messages: list[ChatMessage]) -> None:
+    """A tool search, as the call of the search function the model wrote; a hosted one
+    has no call id, so its item id stands in."""
+    arguments = item.get("arguments")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise InvalidRequest(
+            f"Invalid type for '{param}.arguments': expected an object.",
+            param=f"{param}.arguments",
+            code="invalid_type",
+        )
+    call_id = item.get("call_id") or item.get("id") or f"tsc_{len(messages)}"
+    _add_call(ToolCall(str(call_id), SEARCH_NAME, json.dumps(arguments or {})), messages)
+
+
+def _search_output(
+    item: dict[str, Any], param: str, messages: list[ChatMessage], prior: list[ChatMessage]
+) -> None:
+    """The tools a search loaded, as its result: for the search call it names, else the
+    first one not yet answered (hosted searches' outputs follow their calls, in order). The
+    tools
+    themselves join the offered tools (`tool_search.load_found`)."""
+    tools = item.get("tools")
+    if not isinstance(tools, list):
+        raise MissingParameter(f"{param}.tools")
+    turns = [*prior, *messages]
+    answered = {m.tool_call_id for m in turns if m.role == "tool"}
+    calls = [c for m in turns for c in m.tool_calls if c.name == SEARCH_NAME]
+    wanted = item.get("call_id")
+    if wanted:
+        match = next((c for c in calls if c.id == wanted), None)
+    else:
+        match = next((c for c in calls if c.id not in answered), None)
+    if match is None:
+        return  # tools loaded with no search in the history: nothing to answer
+    text = output_text([t for t in tools if isinstance(t, dict)])
+    messages.append(ChatMessage("tool", text, tool_call_id=match.id, name=SEARCH_NAME))
 
 
 def _add_call(call: ToolCall, messages: list[ChatMessage]) -> None:

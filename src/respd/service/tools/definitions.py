@@ -95,7 +95,7 @@ def _check_unique(tools: list[ToolDefinition], param: str) -> list[ToolDefinitio
     return tools
 
 
-CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch"]
+CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch", "tool_search"]
 
 
 @dataclass(frozen=True)
@@ -107,16 +107,25 @@ class ToolRoute:
     kind: CallKind
     name: str
     namespace: str | None = None
+    # a tool search's: who runs it ("server": this server; "client")
+    execution: Literal["server", "client"] | None = None
 
 
 @dataclass
 class ResponseTools:
     """The Responses `tools`: what the model is shown, how its calls map back (by the name
-    it was shown), and the hosted tools left out because this server does not run them."""
+    it was shown), and the hosted tools left out because this server does not run them.
+    `search`: the deferred tools and the tool search over them (`tool_search.py`)."""
 
     tools: list[ToolDefinition]
     routes: dict[str, ToolRoute]
     omitted: list[str]
+    search: Any = None
+
+
+def is_deferred(tool: dict[str, Any]) -> bool:
+    """A function left out of the prompt until a tool search loads it."""
+    return tool.get("type") == "function" and tool.get("defer_loading") is True
 
 
 # Tools OpenAI runs on its side. A client (Codex sends `web_search` on every turn) may
@@ -233,6 +242,11 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
 
     def add(entry: dict[str, Any], param: str, namespace: str | None = None) -> None:
         kind = entry.get("type")
+        if is_deferred(entry):
+            _function_tool(entry, param, check)  # checked now, shown once a search loads it
+            return
+        if kind == "tool_search" and namespace is None:
+            return  # shown as the search function (`tool_search.py`)
         if kind in ("function", "custom"):
             make = _function_tool if kind == "function" else _custom_tool
             tool = make(entry, param, check)
