@@ -1,6 +1,6 @@
 """The collaborators every service shares, built once per app and handed to each: the
-models, the store, the media resolver (and its cache), the sealer, the runs in flight, the
-input limits and the default output limit."""
+models, the store, the media resolver (and its cache), the sealer, the runs in flight (and
+how far each may run), the input limits."""
 
 from __future__ import annotations
 
@@ -22,5 +22,3 @@ class Shared:
     sealer: Sealer
     runs: ActiveRuns = field(default_factory=ActiveRuns)
     limits: InputLimits = field(default_factory=InputLimits)
-    # A request's output limit when it sets none (None: the engine's own).
-    default_max_tokens: int | None = None
