@@ -17,6 +17,32 @@ from pydantic import BaseModel, Field
 from tests.support.sdk_types import strict_response
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
+# One thread per server: these servers decode while other test servers share the cores,
+# and llama.cpp's threads spin-wait for each other on a busy machine.
+ONE_THREAD = ("--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    """A server on its defaults: DRY on for the embedded model, the repetition stop, the
+    default cap (a quarter of its 2048-token window)."""
+    srv = start_server(tmp_path_factory.mktemp("guarded"), *ONE_THREAD, preset="small")
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+@pytest.fixture()
+def client(guarded: RespdServer) -> openai.OpenAI:
+    return guarded.client(timeout=600)
+
+
+@pytest.fixture()
+def http(guarded: RespdServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=guarded.base_url, timeout=120) as c:
+        yield c
+
+
 DRY = {
     "dry_multiplier": 0.8,
     "dry_base": 1.75,
@@ -78,6 +104,7 @@ def dry_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
         "512",
         "--dry-sequence-breakers",
         '["\\n", ";"]',
+        *ONE_THREAD,
         preset="compact",
     )
     yield srv
@@ -116,7 +143,9 @@ def test_a_loop_is_cut_logged_and_counted(dry_off: RespdServer) -> None:
 
 
 def test_the_repetition_stop_can_be_switched_off(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, "--repetition-stop", "0", "--dry-multiplier", "0", preset="compact")
+    srv = start_server(
+        tmp_path, "--repetition-stop", "0", "--dry-multiplier", "0", *ONE_THREAD, preset="compact"
+    )
     try:
         r = srv.client(timeout=300).responses.create(
             model=MODEL_ID,
