@@ -260,3 +260,23 @@ async def test_bad_dry_values_are_400s_naming_the_field(
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param
     assert not engine.calls
+
+
+# -- the flags ------------------------------------------------------------------------------
+
+
+def test_the_flags_make_the_policy_and_the_dry_defaults() -> None:
+    from pydantic import ValidationError
+
+    from respd.config.settings import Settings
+
+    s = Settings(max_output_tokens=0, repetition_stop=6, dry_sequence_breakers='["\\n", ";"]')
+    assert s.output_policy() == OutputPolicy(max_tokens=0, repetition_stop=6)
+    assert s.dry_breakers() == ["\n", ";"]
+    assert s.sampling_overrides(embedded_model=True)["dry_multiplier"] == 0.8
+    assert "dry_multiplier" not in s.sampling_overrides(embedded_model=False)
+    assert Settings(dry_multiplier=0).sampling_overrides(embedded_model=True)["dry_multiplier"] == 0
+    assert Settings().dry_breakers() is None
+    for bad in ('"\\n"', "[1]", "not json"):
+        with pytest.raises(ValidationError):
+            Settings(dry_sequence_breakers=bad)
