@@ -173,6 +173,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
                 sampling=settings.sampling_overrides(embedded_model=settings.model is None),
+                dry_sequence_breakers=settings.dry_breakers(),
                 speculation=settings.speculation_settings(),
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
                 kv_cache_dir=kv_dir,
@@ -231,7 +232,7 @@ def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: Key
     return create_app(
         models,
         store,
-        default_max_tokens=settings.max_output_tokens,
+        output=settings.output_policy(),
         sse_keepalive=settings.sse_keepalive_secs,
         media=settings.media_settings(),
         max_file_bytes=settings.max_file_bytes,

@@ -36,6 +36,7 @@ from respd.service.conversations import ConversationsService
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
 from respd.service.generation.admission import AdmissionGate
 from respd.service.generation.core import ActiveRuns
+from respd.service.generation.policy import OutputPolicy
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
@@ -65,7 +66,7 @@ def build_services(
     models: ModelRegistry,
     store: Store,
     *,
-    default_max_tokens: int | None,
+    output: OutputPolicy | None,
     media: MediaSettings | None,
     max_file_bytes: int,
     job_lease_secs: float,
@@ -79,8 +80,8 @@ def build_services(
         store,
         resolver,
         sealer or Sealer.random(),
+        runs=ActiveRuns(output=output),
         limits=input_limits or InputLimits(),
-        default_max_tokens=default_max_tokens,
         quotas=quotas or KeyQuotas(QuotaSettings()),
     )
     return Services(
@@ -153,7 +154,7 @@ def create_app(
     models: ModelRegistry | Engine,
     store: Store | None = None,
     *,
-    default_max_tokens: int | None = None,
+    output: OutputPolicy | None = None,
     sse_keepalive: float = 15.0,
     media: MediaSettings | None = None,
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
@@ -177,7 +178,7 @@ def create_app(
     services = build_services(
         models,
         store,
-        default_max_tokens=default_max_tokens,
+        output=output,
         media=media,
         max_file_bytes=max_file_bytes,
         job_lease_secs=job_lease_secs,

@@ -119,6 +119,23 @@ class MediaCacheCollector(Collector):
         )
 
 
+class LoopCollector(Collector):
+    """Turns the repetition stop ended (their output looped), read at scrape time."""
+
+    def __init__(self, runs: ActiveRuns) -> None:
+        self.runs = runs
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "respd_repetition_stops",
+            "Turns ended as incomplete because their output repeated one span again and again.",
+            labels=["api"],
+        )
+        for api, count in self.runs.looped.items():
+            family.add_metric([api], count)
+        yield family
+
+
 class Metrics:
     """The app's registry and instruments; also the generation core's observer."""
 
@@ -281,6 +298,7 @@ def install_metrics(
     requests they refuse are counted too."""
     metrics = Metrics(models, store, media_cache, runs)
     runs.observer = metrics
+    metrics.registry.register(LoopCollector(runs))
     app.state.metrics = metrics
     app.state.metrics_api_key = api_key or None
     add_routes(app, router)

@@ -30,6 +30,8 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
         "created": request.app.state.started_at,
         "owned_by": "respd",
         "context_window": engine.context_window,
+        # The output cap of a request that sets none (null: the context window alone).
+        "max_output_tokens": request.app.state.runs.output.cap(engine.context_window),
         "input_modalities": ["text", "image"] if engine.vision else ["text"],
     }
 

@@ -56,6 +56,15 @@ class SamplingParams:
     min_tokens: int = 0
     # Chat's `logit_bias`: added to these tokens' logits before any other sampler.
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # llama.cpp's DRY ("don't repeat yourself") sampler, under llama-server's names: a
+    # sequence that would extend a repeat of earlier output longer than `dry_allowed_length`
+    # tokens is penalized by multiplier * base ** (length - allowed); a breaker string ends
+    # the sequences matched. Multiplier 0 disables it; None: the engine's default.
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: int | None = None
+    dry_penalty_last_n: int | None = None  # tokens looked back over; -1: the whole context
+    dry_sequence_breakers: list[str] | None = None
 
 
 @dataclass

@@ -6,6 +6,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from respd.protocol.sampling import DryFields
+
 # OpenAI's `logit_bias`: token ids (as JSON object keys) to a finite bias in [-100, 100].
 TokenId = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,10}$")]
 LogitBias = Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]
@@ -16,7 +18,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(DryFields):
     model_config = ConfigDict(extra="allow")
 
     model: str

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from respd.protocol.errors import InvalidRequest
+from respd.protocol.sampling import DryFields
 
 
 class _Lenient(BaseModel):
@@ -48,7 +49,7 @@ class ConversationRef(_Lenient):
     id: str
 
 
-class CreateResponseRequest(_Lenient):
+class CreateResponseRequest(_Lenient, DryFields):
     model: str
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None

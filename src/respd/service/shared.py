@@ -1,6 +1,6 @@
 """The collaborators every service shares, built once per app and handed to each: the
-models, the store, the media resolver (and its cache), the sealer, the runs in flight, the
-input limits, the default output limit and each identity's quotas."""
+models, the store, the media resolver (and its cache), the sealer, the runs in flight (and
+how far each may run), the input limits and each identity's quotas."""
 
 from __future__ import annotations
 
@@ -23,7 +23,5 @@ class Shared:
     sealer: Sealer
     runs: ActiveRuns = field(default_factory=ActiveRuns)
     limits: InputLimits = field(default_factory=InputLimits)
-    # A request's output limit when it sets none (None: the engine's own).
-    default_max_tokens: int | None = None
     # Each identity's rates, concurrent work, background jobs and stored bytes.
     quotas: KeyQuotas = field(default_factory=lambda: KeyQuotas(QuotaSettings()))

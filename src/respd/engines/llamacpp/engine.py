@@ -61,7 +61,10 @@ from respd.engines.llamacpp.jobs import Job, JobStream
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.llamacpp.pages import released_zero_pages
 from respd.engines.llamacpp.sampler import (
+    DRY_SEQUENCE_BREAKERS,
+    FALLBACK_DRY,
     FALLBACK_SAMPLING,
+    ChainContext,
     GrammarCheckedSampler,
     recommended_sampling,
 )
@@ -110,6 +113,7 @@ class LlamaCppEngine:
         repack: bool | None = None,
         mmproj: Path | None = None,
         sampling: dict[str, float] | None = None,
+        dry_sequence_breakers: Sequence[str] | None = None,
         speculation: NgramSpeculation | None = None,
         kv_cache_ram_bytes: int = 0,
         kv_cache_dir: Path | None = None,
@@ -117,7 +121,8 @@ class LlamaCppEngine:
         image_encode: ImageEncode = defaults.IMAGE_ENCODE,
         image_threads: int = defaults.IMAGE_THREADS,
     ) -> None:
-        """`sampling`: defaults for requests that set none, over the GGUF's own.
+        """`sampling`: defaults for requests that set none, over the GGUF's own
+        (`dry_sequence_breakers`: DRY's, which is not a number).
         `speculation`: draft tokens by prompt lookup (None: decode one token at a time).
         `kv_cache_*`: tiers that keep a slot's KV sequence after the slot is reused (see
         `kvtier.py`); all zero: none.
@@ -129,6 +134,7 @@ class LlamaCppEngine:
         self.vision = False
         self.parallel = parallel
         self.max_queue = max_queue
+        self._dry_breakers = dry_sequence_breakers
         self._model = _load_model(model_path, repack)
         self.context_window = n_ctx
         self.n_vocab: int | None = self._model.n_vocab()
@@ -210,6 +216,7 @@ class LlamaCppEngine:
         # defaults; a request's own values override them all.
         self.default_sampling = {
             **FALLBACK_SAMPLING,
+            **FALLBACK_DRY,
             **recommended_sampling(meta),
             **(sampling or {}),
         }
@@ -262,7 +269,17 @@ class LlamaCppEngine:
             context_window=self.context_window,
             n_batch=self._n_batch,
             speculation=speculation,
-            default_sampling=self.default_sampling,
+            chain=ChainContext(
+                defaults=self.default_sampling,
+                n_vocab=self._model.n_vocab(),
+                vocab=self._vocab,
+                n_ctx=self.context_window,
+                dry_breakers=(
+                    DRY_SEQUENCE_BREAKERS
+                    if self._dry_breakers is None
+                    else tuple(self._dry_breakers)
+                ),
+            ),
             stop_ids=self._stop_ids,
             text_marker_ids=self._text_marker_ids,
             image_encode=image_encode,

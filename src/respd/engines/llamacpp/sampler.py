@@ -13,7 +13,8 @@ from __future__ import annotations
 import ctypes
 import math
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
@@ -33,6 +34,15 @@ SAMPLING_METADATA = {
     "repeat_penalty": "general.sampling.penalty_repeat",
 }
 PENALTY_LAST_N = 64  # tokens the repetition penalties look back over
+# DRY when neither the request nor the server says otherwise: llama-server's (off; the
+# base, allowed length and breakers apply once a multiplier switches it on).
+FALLBACK_DRY = {
+    "dry_multiplier": 0.0,
+    "dry_base": 1.75,
+    "dry_allowed_length": 2,
+    "dry_penalty_last_n": -1,
+}
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 
 
 class GrammarCheckedSampler:
@@ -112,15 +122,54 @@ def recommended_sampling(metadata: dict[str, str]) -> dict[str, float]:
     return out
 
 
+@dataclass(frozen=True)
+class ChainContext:
+    """What a sampler chain needs of its model beyond the request: the defaults for what a
+    request leaves unset, and the model's vocabulary and context size (for DRY)."""
+
+    defaults: Mapping[str, float]
+    n_vocab: int
+    vocab: Any = None
+    n_ctx: int = 0
+    dry_breakers: Sequence[str] = DRY_SEQUENCE_BREAKERS
+
+
+def dry_sampler(p: SamplingParams, c: ChainContext) -> Any:
+    """llama.cpp's DRY sampler for `p`, or None when its multiplier is 0."""
+    d = c.defaults
+    multiplier = d.get("dry_multiplier", 0.0) if p.dry_multiplier is None else p.dry_multiplier
+    if multiplier <= 0 or c.vocab is None:
+        return None
+    base = d.get("dry_base", 1.75) if p.dry_base is None else p.dry_base
+    allowed = (
+        d.get("dry_allowed_length", 2) if p.dry_allowed_length is None else p.dry_allowed_length
+    )
+    last_n = (
+        d.get("dry_penalty_last_n", -1) if p.dry_penalty_last_n is None else p.dry_penalty_last_n
+    )
+    breakers = c.dry_breakers if p.dry_sequence_breakers is None else p.dry_sequence_breakers
+    encoded = [b.encode() for b in breakers]
+    array = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
+    return llama_cpp.llama_sampler_init_dry(
+        c.vocab,
+        float(multiplier),
+        float(base),
+        int(allowed),
+        c.n_ctx if int(last_n) == -1 else int(last_n),
+        array,
+        len(encoded),
+    )
+
+
 def sampler_chain(
     p: SamplingParams,
-    defaults: Mapping[str, float],
-    n_vocab: int,
+    context: ChainContext,
     block: Collection[int] | None = None,
 ) -> ctypes.c_void_p:
-    """A llama.cpp sampler chain for `p`, with `defaults` for what `p` leaves unset. With
-    `block`, the chain starts with a block on those tokens (see `token_block`)."""
-    d = defaults
+    """A llama.cpp sampler chain for `p`, with the context's defaults for what `p` leaves
+    unset. With `block`, the chain starts with a block on those tokens (see `token_block`)."""
+    d = context.defaults
+    n_vocab = context.n_vocab
     temperature = d["temperature"] if p.temperature is None else p.temperature
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
     try:
@@ -141,6 +190,8 @@ def sampler_chain(
                     p.presence_penalty,
                 ),
             )
+        if (dry := dry_sampler(p, context)) is not None:
+            add(chain, dry)
         if temperature <= 0:
             add(chain, llama_cpp.llama_sampler_init_greedy())
         else:

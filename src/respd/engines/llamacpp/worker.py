@@ -32,7 +32,7 @@ from respd.engines.llamacpp.jobs import Job
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector
 from respd.engines.llamacpp.outbox import Outbox
-from respd.engines.llamacpp.sampler import GrammarCheckedSampler, sampler_chain
+from respd.engines.llamacpp.sampler import ChainContext, GrammarCheckedSampler, sampler_chain
 from respd.engines.llamacpp.sequences import KvSequences
 from respd.engines.llamacpp.slots import Slot, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
@@ -60,7 +60,7 @@ class DecodeWorker:
         context_window: int,
         n_batch: int,
         speculation: NgramSpeculation | None,
-        default_sampling: dict[str, float],
+        chain: ChainContext,
         stop_ids: frozenset[int],
         text_marker_ids: frozenset[int],
         image_encode: ImageEncode,
@@ -81,7 +81,7 @@ class DecodeWorker:
         self.context_window = context_window
         self._n_batch = n_batch
         self.speculation = speculation
-        self._default_sampling = default_sampling
+        self._chain = chain
         self._stop_ids = stop_ids
         self._text_marker_ids = text_marker_ids
         self.error: str | None = None  # why the worker stopped, if it did
@@ -256,7 +256,7 @@ class DecodeWorker:
 
     def _make_sampler(self, p: SamplingParams, *, block_eog: bool = False) -> ctypes.c_void_p:
         block = self._eog_ids if block_eog else None
-        return sampler_chain(p, self._default_sampling, self._model.n_vocab(), block)
+        return sampler_chain(p, self._chain, block)
 
     # -- one step --------------------------------------------------------------------------
 

@@ -138,6 +138,11 @@ def request_body(
         # Extensions vLLM and llama-server read under these names; sent only when set.
         "ignore_eos": params.ignore_eos or None,
         "min_tokens": params.min_tokens or None,
+        "dry_multiplier": params.dry_multiplier,
+        "dry_base": params.dry_base,
+        "dry_allowed_length": params.dry_allowed_length,
+        "dry_penalty_last_n": params.dry_penalty_last_n,
+        "dry_sequence_breakers": params.dry_sequence_breakers,
     }
     body.update({k: v for k, v in sampling.items() if v is not None})
     if params.logit_bias:

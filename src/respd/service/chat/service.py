@@ -138,7 +138,6 @@ class ChatService:
     def __init__(self, shared: Shared) -> None:
         self.models = shared.models
         self.media = shared.media
-        self.default_max_tokens = shared.default_max_tokens
         self.runs = shared.runs
         self.limits = shared.limits
 
@@ -168,7 +167,6 @@ class ChatService:
             top_p=req.top_p,
             max_tokens=req.max_completion_tokens if use_completion else req.max_tokens,
             max_tokens_param="max_completion_tokens" if use_completion else "max_tokens",
-            default_max_tokens=self.default_max_tokens,
             seed=req.seed,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
@@ -176,6 +174,7 @@ class ChatService:
             min_tokens=req.min_tokens,
             logit_bias=req.logit_bias,
             n_vocab=engine.n_vocab,
+            dry=req,
         )
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         if len(stops) > MAX_STOP_SEQUENCES:

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from respd.engines.base import (
@@ -50,6 +50,7 @@ from respd.service.generation.output import (
     Usage,
 )
 from respd.service.generation.plan import plan_output
+from respd.service.generation.policy import OutputPolicy
 from respd.service.generation.reader import OutputReader
 from respd.service.tools.definitions import ToolPolicy
 
@@ -187,6 +188,7 @@ class Run:
         self.interrupted = False
         self.started_at = time.monotonic()
         self.observer = runs.observer if runs is not None else None
+        self.policy = runs.output if runs is not None else OutputPolicy()
         self._stream = stream
         self._runs = runs
         if runs is not None:
@@ -207,14 +209,27 @@ class Run:
         if self._runs is not None:
             self._runs.discard(self)
 
+    def looped(self, api: Api) -> None:
+        """The output fell into a loop, and the turn was cut there."""
+        log.warning(
+            "generation stopped: repetition (%d tokens, a span repeated %d times)",
+            self.produced,
+            self.policy.repetition_stop,
+        )
+        if self._runs is not None:
+            self._runs.looped[api] += 1
+
 
 class ActiveRuns:
     """The generations running in this server, so a shutdown can let them finish within a
     grace period, then interrupt the rest (each still ends with its terminal event).
-    `observer`, when set, hears about each run."""
+    `observer`, when set, hears about each run; `output` bounds each run's output."""
 
     def __init__(
-        self, observer: GenerationObserver | None = None, gate: AdmissionGate | None = None
+        self,
+        observer: GenerationObserver | None = None,
+        gate: AdmissionGate | None = None,
+        output: OutputPolicy | None = None,
     ) -> None:
         self._runs: set[Run] = set()
         self.gate = gate  # shares the engines' slots fairly between identities
@@ -222,6 +237,8 @@ class ActiveRuns:
         self._idle.set()
         self.draining = False
         self.observer = observer
+        self.output = output or OutputPolicy()
+        self.looped: dict[Api, int] = {"responses": 0, "chat": 0}  # turns the loop stop ended
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -263,10 +280,16 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
             headers={"retry-after": str(RETRY_AFTER_SECONDS)},
         )
     engine = prepared.engine
+    policy = runs.output if runs is not None else OutputPolicy()
+    sampling = spec.sampling
+    if sampling.max_tokens is None and (cap := policy.cap(engine.context_window)):
+        # Only a bound, not reserved room: a long prompt still gets what is left.
+        room = (engine.context_window or cap + prepared.prompt_tokens) - prepared.prompt_tokens
+        sampling = replace(sampling, max_tokens=max(1, min(cap, room)))
 
     def start() -> GenerationStream:
         return engine.generate(
-            prepared.prompt, spec.sampling, cache_key=spec.cache_key, retain=spec.retain
+            prepared.prompt, sampling, cache_key=spec.cache_key, retain=spec.retain
         )
 
     gate = runs.gate if runs is not None else None
@@ -302,6 +325,7 @@ async def _events(
             max_calls=prepared.max_calls,
             stops=spec.sampling.stop,
             logprobs=spec.sampling.logprobs is not None,
+            repetition_stop=progress.policy.repetition_stop,
         )
         guard = RepeatGuard()
         done: GenerationDone | None = None
@@ -328,21 +352,19 @@ async def _events(
                     progress.produced = produced
                     for event in guard.filter(reader.feed(chunk)):
                         yield event
-                    if reader.stopped or guard.ended:
+                    if reader.stopped or guard.ended or reader.looped:
                         ended = True
                         break  # closing the stream cancels the rest of the generation
-            cut_off = done is not None and done.finish_reason == "length"
+            cut_off = reader.looped or (done is not None and done.finish_reason == "length")
             for event in guard.filter(reader.finish(cut_off=cut_off)):
                 yield event
         except Exception as exc:  # the engine broke: the adapters end honestly
             log.exception("generation raised")
             done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
         if done is None or (ended and done.finish_reason == "cancelled"):
-            if ended:
-                done = GenerationDone("stop", prepared.prompt_tokens, produced)
-            else:
-                error = "the generation ended without a result"
-                done = GenerationDone("error", prepared.prompt_tokens, produced, error=error)
+            done = _ended_early(prepared, produced, ended, reader.looped)
+            if reader.looped:
+                progress.looped(spec.params.api)
         usage = Usage(
             input_tokens=done.prompt_tokens,
             output_tokens=done.completion_tokens or produced,
@@ -359,9 +381,29 @@ async def _events(
         if progress.observer is not None:
             seconds = time.monotonic() - progress.started_at
             progress.observer.finished(spec.params.api, usage, seconds)
-        yield Finished(reason, usage, calls=guard.calls, error=done.error, status=done.status)
+        yield Finished(
+            reason,
+            usage,
+            calls=guard.calls,
+            error=done.error,
+            status=done.status,
+            cause="repetition" if reader.looped else None,
+        )
     finally:
         progress.ended()
+
+
+def _ended_early(
+    prepared: PreparedGeneration, produced: int, ended: bool, looped: bool
+) -> GenerationDone:
+    """How a generation ended that the engine did not report an end for: a stop sequence
+    or a repeated call ends a turn (`stop`), a loop cuts it (`length`), else it failed."""
+    if looped:
+        return GenerationDone("length", prepared.prompt_tokens, produced)
+    if ended:
+        return GenerationDone("stop", prepared.prompt_tokens, produced)
+    error = "the generation ended without a result"
+    return GenerationDone("error", prepared.prompt_tokens, produced, error=error)
 
 
 def _same_arguments(a: str, b: str) -> bool:

@@ -77,6 +77,8 @@ class Finished:
     calls: int = 0  # tool calls made
     error: str | None = None
     status: int | None = None  # see `GenerationDone.status`
+    # Why a `length` end came before the budget ran out: "repetition" (the output looped).
+    cause: str | None = None
 
 
 OutputEvent = TextDelta | ReasoningDelta | CallStarted | ArgumentsDelta | CallFinished

@@ -1,11 +1,12 @@
 """Reading one generation's chunks into output events.
 
 The generation core holds one `OutputReader` per request and calls only its declared
-members: `feed`, `finish`, `stopped`, `reasoning_tokens`. Inside, raw text goes through
-stop sequences, then the thinking splitter (when the model has thinking markers), then the
-tool-call parser (when tools were offered), and answer text picks up the logprobs of the
-tokens that produced it. Fragments a message-level engine already separated
-(`TokenChunk.reasoning`, `.calls`) become the same events directly.
+members: `feed`, `finish`, `stopped`, `looped`, `reasoning_tokens`. Inside, raw text goes
+through stop sequences, then the thinking splitter (when the model has thinking markers),
+then the tool-call parser (when tools were offered), and answer text picks up the logprobs
+of the tokens that produced it; all of the output passes the repetition stop. Fragments a
+message-level engine already separated (`TokenChunk.reasoning`, `.calls`) become the same
+events directly.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from respd.service.generation.output import (
     ReasoningDelta,
     TextDelta,
 )
+from respd.service.generation.repetition import RepetitionStop
 from respd.service.generation.stops import StopMatcher
 from respd.service.generation.thinking import ReasoningReader, ReasoningSplitter
 from respd.service.generation.toolcalls import ToolCallParser
@@ -38,6 +40,7 @@ class OutputReader:
         max_calls: int | None = None,
         stops: list[str] | None = None,
         logprobs: bool = False,
+        repetition_stop: int = 0,
     ) -> None:
         fmt = profile.tool_format
         parser = (
@@ -57,11 +60,17 @@ class OutputReader:
         self._calls: dict[int, tuple[int | None, str, str]] = {}
         self._structured_calls = 0
         self._structured_reasoning_tokens = 0
+        self._loop = RepetitionStop(repetition_stop)
 
     @property
     def stopped(self) -> bool:
         """A stop sequence appeared: nothing more will be read."""
         return self._stops.stopped
+
+    @property
+    def looped(self) -> bool:
+        """The output fell into a loop (see `repetition.py`): the turn should end."""
+        return self._loop.fired
 
     @property
     def reasoning_tokens(self) -> int:
@@ -76,6 +85,7 @@ class OutputReader:
                 self._structured_reasoning_tokens += chunk.n_tokens
         if self._aligner is not None:
             self._aligner.feed(chunk.text, chunk.logprobs)
+        self._loop.feed(chunk.reasoning + chunk.text + "".join(c.arguments for c in chunk.calls))
         text = self._stops.feed(chunk.text)
         if text or (chunk.n_tokens and self._text is not None):
             out += self._read(text, chunk.n_tokens)

@@ -1,16 +1,23 @@
 """Request sampling fields → engine `SamplingParams`, with OpenAI's range checks.
 
 Fields a request leaves out stay None: the engine applies its defaults (the server's
-`--temperature`/`--top-p`, else what the model's GGUF recommends).
+`--temperature`/`--top-p`, else what the model's GGUF recommends); the generation core caps
+an output the request does not bound (`policy.py`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 from respd.engines.base import SamplingParams
 from respd.protocol.errors import InvalidRequest
+from respd.protocol.sampling import DryFields
+
+# llama.cpp matches a DRY breaker by its first tokens, at most 40 characters of it.
+MAX_BREAKER_CHARS = 40
+MAX_BREAKERS = 64
 
 
 def _check_range(value: float | None, name: str, low: float, high: float) -> None:
@@ -28,7 +35,6 @@ def build_sampling(
     top_p: float | None,
     max_tokens: int | None,
     max_tokens_param: str,
-    default_max_tokens: int | None = None,
     seed: int | None = None,
     presence_penalty: float | None = None,
     frequency_penalty: float | None = None,
@@ -36,6 +42,7 @@ def build_sampling(
     min_tokens: int | None = None,
     logit_bias: Mapping[str, float] | None = None,
     n_vocab: int | None = None,
+    dry: DryFields | None = None,
 ) -> SamplingParams:
     """`logit_bias` keys are token ids as strings (JSON object keys), checked against the
     engine's `n_vocab` when it knows it."""
@@ -75,10 +82,40 @@ def build_sampling(
         temperature=temperature,
         top_p=top_p,
         seed=seed,
-        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,
         presence_penalty=presence_penalty or 0.0,
         frequency_penalty=frequency_penalty or 0.0,
         ignore_eos=bool(ignore_eos),
         min_tokens=min_tokens or 0,
         logit_bias=bias,
+        **(check_dry(dry) if dry is not None else {}),
     )
+
+
+def _at_least(value: float | None, name: str, low: float) -> None:
+    if value is not None and not (math.isfinite(value) and value >= low):
+        raise InvalidRequest(
+            f"Invalid '{name}': expected a value >= {low:g}, got {value:g}.",
+            param=name,
+            code="invalid_value",
+        )
+
+
+def check_dry(dry: DryFields) -> dict[str, Any]:
+    """A request's DRY settings (those it gives), range-checked as llama-server reads them."""
+    _at_least(dry.dry_multiplier, "dry_multiplier", 0.0)
+    _at_least(dry.dry_base, "dry_base", 1.0)
+    _at_least(dry.dry_allowed_length, "dry_allowed_length", 1)
+    _at_least(dry.dry_penalty_last_n, "dry_penalty_last_n", -1)
+    breakers = dry.dry_sequence_breakers
+    if breakers is not None:
+        bad = [b for b in breakers if not 1 <= len(b) <= MAX_BREAKER_CHARS]
+        if bad or len(breakers) > MAX_BREAKERS:
+            raise InvalidRequest(
+                f"Invalid 'dry_sequence_breakers': expected at most {MAX_BREAKERS} strings of "
+                f"1 to {MAX_BREAKER_CHARS} characters.",
+                param="dry_sequence_breakers",
+                code="invalid_value",
+            )
+    given = {name: getattr(dry, name) for name in DryFields.model_fields}  # not a subclass's
+    return {name: value for name, value in given.items() if value is not None}

@@ -103,7 +103,7 @@ class Compactor:
                 code="invalid_value",
             )
         engine = service.checked_engine(req)
-        sampling = request_sampling(req, service.default_max_tokens)
+        sampling = request_sampling(req)
         items = req.input[:-1] if isinstance(req.input, list) else req.input
         history, messages = await service.context(engine, req, owner, items)
         turn = Turn(req, owner, normalize_items(req.input), history)

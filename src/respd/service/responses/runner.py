@@ -184,18 +184,18 @@ def build_echo(
     }
 
 
-def request_sampling(req: CreateResponseRequest, default_max_tokens: int | None) -> SamplingParams:
+def request_sampling(req: CreateResponseRequest) -> SamplingParams:
     return build_sampling(
         temperature=req.temperature,
         top_p=req.top_p,
         max_tokens=req.max_output_tokens,
         max_tokens_param="max_output_tokens",
-        default_max_tokens=default_max_tokens,
         seed=req.seed,
         presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty,
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
+        dry=req,
     )
 
 
@@ -217,7 +217,6 @@ class ResponseRunner:
         self.sealer = shared.sealer
         self.store = shared.store
         self.media = shared.media
-        self.default_max_tokens = shared.default_max_tokens
         self.runs = shared.runs
         self.limits = shared.limits
 
@@ -254,7 +253,7 @@ class ResponseRunner:
         """Everything up to the first event; raises (and stores nothing) on a bad request."""
         engine = self.checked_engine(req)
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
-        sampling = request_sampling(req, self.default_max_tokens)
+        sampling = request_sampling(req)
         sampling.logprobs = responses_logprobs(req)
         offered = offered_tools(req.tools, engine.check_schema)
         if offered.omitted:
