@@ -13,6 +13,7 @@ Keys are checked as for HTTP, before the socket is accepted.
 
 from __future__ import annotations
 
+import logging
 from contextlib import aclosing
 from typing import Any
 
@@ -20,13 +21,17 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from respd.api.body import load_json, validate_object
 from respd.api.identity import owner_of
-from respd.protocol.errors import APIError, InvalidRequest
+from respd.protocol.errors import APIError, InvalidRequest, ServerError
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.service import ResponsesService
 from respd.store.base import JSON
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+SERVER_ERROR = ServerError(
+    "The server had an error while processing your request.", code="server_error"
+)
 
 # Fields of a create body that mean something only over HTTP.
 _TRANSPORT_FIELDS = ("type", "stream", "stream_options", "background")
@@ -52,6 +57,11 @@ class SocketSession:
             await self._create(raw)
         except APIError as exc:
             await self.socket.send_json(error_event(exc))
+        except WebSocketDisconnect:
+            raise
+        except Exception:  # never a dropped socket without an `error` event
+            log.exception("a WebSocket response broke")
+            await self.socket.send_json(error_event(SERVER_ERROR))
 
     async def _create(self, raw: str | bytes) -> None:
         message = load_json(raw.encode() if isinstance(raw, str) else raw)
