@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from respd.api.app import create_app
 from respd.engines.fake import FakeEngine, Reply
+from respd.service.chat.service import ChatService
 from respd.service.responses.events import ResponseEventMachine
 from respd.store import MemoryStore
 from respd.store.base import JSON, ResponseRecord
@@ -103,3 +104,18 @@ def test_a_socket_response_that_breaks_ends_with_a_word_and_the_socket_goes_on(
                 assert event["error"]["code"] == "server_error"
             else:
                 assert event["response"]["status"] == "failed"
+
+
+def test_a_chat_stream_that_breaks_ends_with_an_error_chunk_and_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("broken chunk")
+
+    monkeypatch.setattr(ChatService, "text_chunk", broken)
+    body = {"model": FAKE_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    r = _client().post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    frames = [line for line in r.text.splitlines() if line.startswith("data: ")]
+    assert frames[-1] == "data: [DONE]"
+    assert json.loads(frames[-2][len("data: ") :])["error"]["code"] == "server_error"
