@@ -29,7 +29,8 @@ class BrokenStore(MemoryStore):
         *,
         conversation: tuple[str, list[JSON]] | None = None,
         events: list[JSON] | None = None,
-    ) -> None:
+        worker: str | None = None,
+    ) -> bool:
         raise RuntimeError("the disk is full")
 
 
