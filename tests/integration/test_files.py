@@ -97,6 +97,20 @@ def test_binary_content_is_byte_exact_and_types_are_guessed(sclient: openai.Open
         sclient.files.delete(f.id)
 
 
+def test_html_and_svg_come_back_as_inert_downloads(sclient: openai.OpenAI) -> None:
+    for name, data in [
+        ("page.html", b"<script>alert(1)</script>"),
+        ("logo.svg", b"<svg xmlns='http://www.w3.org/2000/svg' onload='alert(1)'/>"),
+    ]:
+        made = sclient.files.create(file=(name, data), purpose="user_data")
+        raw = sclient.files.with_raw_response.content(made.id)
+        assert raw.content == data
+        assert raw.headers["x-content-type-options"] == "nosniff"
+        assert raw.headers["content-disposition"].startswith("attachment;")
+        assert raw.headers["content-security-policy"] == "default-src 'none'; sandbox"
+        sclient.files.delete(made.id)
+
+
 def test_list_order_pagination_and_purpose_filter(sclient: openai.OpenAI) -> None:
     # `assistants` is this test's own purpose: no other test uploads with it.
     mine = [

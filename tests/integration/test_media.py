@@ -207,7 +207,8 @@ def test_image_limits_name_the_exact_part(media_server: RespdServer) -> None:
 
 def test_remote_fetch_refuses_loopback(media_server: RespdServer) -> None:
     client = media_server.client()
-    for host in ("127.0.0.1", "localhost"):
+    spellings = ("0177.0.0.1", "0x7f.1", "2130706433", "127.1", "[::ffff:127.0.0.1]")
+    for host in ("127.0.0.1", "localhost", *spellings):
         url = f"http://{host}:{media_server.port}/health"
         err = bad_request(
             lambda url=url: client.responses.create(model=MODEL_ID, input=[user(image(url))])
@@ -216,7 +217,7 @@ def test_remote_fetch_refuses_loopback(media_server: RespdServer) -> None:
             "remote_address_not_allowed",
             "input[0].content[0].image_url",
         )
-        assert "127.0.0.1" in err.message
+        assert "127.0.0.1" in err.message or "7f00:1" in err.message
     doc = {"type": "input_file", "file_url": f"http://127.0.0.1:{media_server.port}/x.txt"}
     err = bad_request(lambda: client.responses.create(model=MODEL_ID, input=[user(doc)]))
     assert (err.code, err.param) == ("remote_address_not_allowed", "input[0].content[0].file_url")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 
@@ -13,10 +14,13 @@ from respd.api.identity import owner_of
 from respd.api.quotas import stream_slot
 from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
+from respd.protocol.errors import ServerError
 from respd.protocol.wire import wire
 from respd.service.chat.service import ChatService, TextChunk
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+BROKEN = "The server had an error while processing your request."
 
 
 @router.post("/v1/chat/completions")
@@ -42,16 +46,20 @@ async def _stream(
     stream = service.stream(prepared)  # admission errors (503) surface before any SSE
 
     async def frames() -> AsyncIterator[bytes]:
-        # Plain text chunks (the bulk of a stream) from a template of this stream's chunk.
-        text = DeltaFrames(wire(service.text_chunk(prepared, DeltaFrames.TEXT)))
         async with aclosing(stream):
-            async for item in stream:
-                if isinstance(item, TextChunk):
-                    yield text.frame(item.text)
-                elif isinstance(item, dict):
-                    yield sse_frame(item)
-                else:
-                    yield sse_frame(wire(item))
+            try:
+                # Plain text chunks (the bulk of a stream) from a template of its chunk.
+                text = DeltaFrames(wire(service.text_chunk(prepared, DeltaFrames.TEXT)))
+                async for item in stream:
+                    if isinstance(item, TextChunk):
+                        yield text.frame(item.text)
+                    elif isinstance(item, dict):
+                        yield sse_frame(item)
+                    else:
+                        yield sse_frame(wire(item))
+            except Exception:  # never a cut: the error as OpenAI streams one, then the end
+                log.exception("a chat completion stream broke")
+                yield sse_frame(ServerError(BROKEN, code="server_error").body())
         yield sse_frame("[DONE]")
 
     return EventStreamResponse(

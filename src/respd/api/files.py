@@ -19,6 +19,13 @@ router = APIRouter()
 # longer than `max_file_bytes` plus this is refused before (or while) it is read.
 FORM_OVERHEAD_BYTES = 64 * 1024
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+# A file's bytes are whatever a client uploaded, HTML and SVG included: a browser that
+# opens them saves them (`attachment`, on every file), never guesses another type
+# (`nosniff`), and runs nothing, were it to render them (a sandbox with no sources).
+CONTENT_HEADERS = {
+    "x-content-type-options": "nosniff",
+    "content-security-policy": "default-src 'none'; sandbox",
+}
 
 
 def _service(request: Request) -> FilesService:
@@ -130,6 +137,7 @@ async def file_content(request: Request, file_id: str) -> Response:
         content,
         headers={  # the stored type exactly (no charset added), and the original name
             "content-type": record.mime_type,
+            **CONTENT_HEADERS,
             "content-disposition": f"attachment; filename*=UTF-8''{filename}",
         },
     )

@@ -3,6 +3,7 @@ input items and input token counts."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
@@ -25,6 +26,15 @@ from respd.service.responses.stored import StoredResponses
 from respd.store.base import JSON
 
 router = APIRouter()
+log = logging.getLogger(__name__)
+
+# The `error` event that ends a stream whose events broke (OpenAI's stream error shape).
+BROKEN_STREAM = {
+    "type": "error",
+    "code": "server_error",
+    "message": "The server had an error while processing your request.",
+    "param": None,
+}
 
 
 def _service(request: Request) -> ResponsesService:
@@ -83,8 +93,12 @@ def _sse(
     async def frames() -> AsyncIterator[bytes]:
         encoder = EventFrames()
         async with aclosing(events):
-            async for event in events:
-                yield encoder.frame(event)
+            try:
+                async for event in events:
+                    yield encoder.frame(event)
+            except Exception:  # the service ends its own failures; this is the last word
+                log.exception("a response stream broke")
+                yield sse_frame(BROKEN_STREAM, "error")
 
     return EventStreamResponse(
         frames(), keepalive=request.app.state.sse_keepalive, on_close=release

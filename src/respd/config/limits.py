@@ -42,8 +42,9 @@ class LimitsConfig(BaseModel):
     max_input_chars: int = Field(
         DEFAULT_MAX_INPUT_CHARS,
         ge=1,
-        description="Most characters of text one request's input and instructions may hold "
-        "(images and files are bounded by their own limits).",
+        description="Most characters one request may give the model to read: its input, "
+        "instructions and tools, wherever they sit (the payloads of images and files are "
+        "bounded by their own limits).",
     )
     max_output_tokens_limit: int | None = Field(
         None,

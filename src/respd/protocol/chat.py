@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from respd.protocol.echo import check_reasoning_effort
 from respd.protocol.sampling import DryFields
 
 # OpenAI's `logit_bias`: token ids (as JSON object keys) to a finite bias in [-100, 100].
@@ -51,3 +52,8 @@ class ChatCompletionRequest(DryFields):
     # Benchmark extensions (vLLM, llama-server): equal-length runs.
     ignore_eos: bool | None = None
     min_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _known_effort(self) -> Self:
+        check_reasoning_effort(self.reasoning_effort, "reasoning_effort")  # as Responses
+        return self

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from respd.protocol.echo import check_response_echo
 from respd.protocol.responses import ConversationRef, ReasoningConfig, TextConfig
 
 
@@ -24,3 +25,8 @@ class InputTokensRequest(BaseModel):
     text: TextConfig | None = None
     truncation: Literal["auto", "disabled"] | None = None
     personality: str | None = None
+
+    @model_validator(mode="after")
+    def _echoable(self) -> Self:
+        check_response_echo(self)  # the same values a create would be refused for
+        return self

@@ -6,10 +6,11 @@ raises errors that name the exact `input[i]...` path, the way OpenAI does.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from respd.protocol.echo import check_response_echo
 from respd.protocol.errors import InvalidRequest
 from respd.protocol.sampling import DryFields
 
@@ -92,6 +93,11 @@ class CreateResponseRequest(_Lenient, DryFields):
     # Benchmark extensions (vLLM, llama-server): equal-length runs.
     ignore_eos: bool | None = None
     min_tokens: int | None = None
+
+    @model_validator(mode="after")
+    def _echoable(self) -> Self:
+        check_response_echo(self)  # a 400 now, not a failure once the Response is built
+        return self
 
 
 INCLUDABLE = frozenset(

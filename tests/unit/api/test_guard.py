@@ -239,9 +239,11 @@ async def test_output_token_ceiling_on_both_apis(
 
 def test_media_payloads_do_not_count_as_text() -> None:
     image = {"type": "input_image", "image_url": "data:image/png;base64," + "A" * 1000}
-    assert text_chars(
-        [{"role": "user", "content": [{"type": "input_text", "text": "abc"}, image]}]
-    ) == len("user") + len("input_text") + 3 + len("input_image")
+    text = {"type": "input_text", "text": "abc"}
+    keys = len("rolecontent") + len("typetext") + len("typeimage_url")
+    assert text_chars([{"role": "user", "content": [text, image]}]) == keys + len(
+        "user" + "input_text" + "abc" + "input_image"
+    )
 
 
 # -- per-key rates and streams ----------------------------------------------------------------

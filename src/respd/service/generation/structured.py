@@ -15,6 +15,7 @@ from typing import Any
 from respd.engines.constraints import ANY_OBJECT, SchemaRejected
 from respd.protocol.errors import InvalidRequest, MissingParameter
 from respd.protocol.responses import TextFormat
+from respd.protocol.schema import check_schema_document
 from respd.service.tools.definitions import NAME_RE
 
 SchemaCheck = Callable[[dict[str, Any]], None]
@@ -42,6 +43,7 @@ def _schema(
         )
     if not isinstance(schema, dict):
         raise MissingParameter(f"{param}.schema")
+    check_schema_document(schema, f"{param}.schema")
     try:
         check(schema)
     except SchemaRejected as exc:

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
+import unicodedata
+import urllib.parse
 
 import httpx
 
@@ -15,12 +18,7 @@ from respd.service.media.errors import bad, too_many_bytes
 MAX_REDIRECTS = 5
 
 
-def address_refused(address: str) -> bool:
-    """True for any address a server-side fetch must not reach: loopback, private,
-    link-local, shared, multicast, reserved or unspecified (IPv4-mapped IPv6 included)."""
-    ip = ipaddress.ip_address(address.split("%")[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+def _blocked(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return (
         not ip.is_global
         or ip.is_loopback
@@ -30,6 +28,73 @@ def address_refused(address: str) -> bool:
         or ip.is_reserved
         or ip.is_unspecified
     )
+
+
+def address_refused(address: str) -> bool:
+    """True for any address a server-side fetch must not reach: loopback, private,
+    link-local, shared, multicast, reserved or unspecified, also when it hides inside an
+    IPv6 address (IPv4-mapped, 6to4, Teredo)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if _blocked(ip):
+        return True
+    if isinstance(ip, ipaddress.IPv6Address):
+        teredo = ip.teredo or ()
+        inner = [ip.ipv4_mapped, ip.sixtofour, *teredo]
+        return any(v4 is not None and _blocked(v4) for v4 in inner)
+    return False
+
+
+# The characters of an IPv4 address in any spelling `inet_aton` reads: dotted, octal
+# (`0177.0.0.1`), hex (`0x7f.1`), one to four parts (`127.1`, `2130706433`).
+_LEGACY_IPV4 = re.compile(r"[0-9a-fx.]+")
+
+
+def literal_address(host: str) -> str | None:
+    """The address a host written as an IP literal names, in any spelling a resolver or
+    browser would read: bracketed IPv6, legacy IPv4 forms, a trailing dot, percent-escapes
+    and full-width digits (normalized as URL parsers do). None for a host name."""
+    name = unicodedata.normalize("NFKC", urllib.parse.unquote(host)).lower()
+    name = name.strip("[]").removesuffix(".")
+    try:
+        return str(ipaddress.ip_address(name.split("%")[0]))
+    except ValueError:
+        pass
+    if _LEGACY_IPV4.fullmatch(name):
+        try:
+            return socket.inet_ntoa(socket.inet_aton(name))
+        except OSError:
+            return None
+    return None
+
+
+def _refuse_literal(host: str, param: str) -> None:
+    """A 400, with no connection tried, for a host that spells a refused address."""
+    address = literal_address(host)
+    if address is not None and address_refused(address):
+        raise bad(
+            f"Invalid '{param}': refusing to fetch from '{host}': it is {address}, a "
+            "loopback, private, link-local or reserved address.",
+            param,
+            "remote_address_not_allowed",
+        )
+
+
+def _parse(url: str, param: str, failed: str) -> httpx.URL:
+    """`url` as an http(s) URL whose host is not a refused address in any spelling."""
+    try:
+        host = urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        host = None
+    if host:
+        _refuse_literal(host, param)
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise bad(f"Invalid '{param}': not a valid URL ({exc}).", param, failed) from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise bad(f"Invalid '{param}': only http and https URLs can be fetched.", param, failed)
+    _refuse_literal(parsed.host, param)
+    return parsed
 
 
 async def _pinned_address(url: httpx.URL, param: str) -> str:
@@ -68,14 +133,8 @@ async def fetch_remote(
     try:
         async with asyncio.timeout(timeout):
             async with httpx.AsyncClient(trust_env=False, timeout=timeout) as client:
-                current = httpx.URL(url)
+                current = _parse(url, param, failed)
                 for _ in range(MAX_REDIRECTS + 1):
-                    if current.scheme not in ("http", "https") or not current.host:
-                        raise bad(
-                            f"Invalid '{param}': only http and https URLs can be fetched.",
-                            param,
-                            failed,
-                        )
                     address = await _pinned_address(current, param)
                     request = client.build_request(
                         "GET",
@@ -86,7 +145,8 @@ async def fetch_remote(
                     response = await client.send(request, stream=True)
                     try:
                         if response.is_redirect and "location" in response.headers:
-                            current = current.join(response.headers["location"])
+                            location = response.headers["location"]
+                            current = _parse(str(current.join(location)), param, failed)
                             continue
                         if response.status_code != 200:
                             raise bad(

@@ -155,6 +155,11 @@ class ResponseEventMachine:
         """The number the next event will carry."""
         return self._seq
 
+    def unsend(self, sent: int) -> None:
+        """Only `sent` events left: those built after them (a terminal event that could
+        not be stored) are dropped, so the next event keeps the numbering gapless."""
+        self._seq = min(self._seq, sent)
+
     def start(self) -> list[ResponseStreamEvent]:
         """`created`, then `in_progress`; a background response (which starts out queued)
         stays `queued` until the engine takes it up (`begin`)."""

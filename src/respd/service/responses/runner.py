@@ -12,6 +12,7 @@ from typing import Any
 from openai.types.responses import ResponseStreamEvent
 
 from respd.engines.base import ChatMessage, Engine, SamplingParams
+from respd.protocol.echo import request_echo
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, Unsupported
 from respd.protocol.responses import CreateResponseRequest, check_include
 from respd.protocol.wire import wire
@@ -121,64 +122,28 @@ def responses_logprobs(req: CreateResponseRequest) -> int | None:
     return req.top_logprobs or 0
 
 
-def _echo_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The tools as sent, function tools with `strict` as OpenAI echoes it (default true)."""
-    out = []
-    for tool in tools or []:
-        if isinstance(tool, dict) and tool.get("type") == "function" and tool.get("strict") is None:
-            tool = {**tool, "strict": True}
-        out.append(tool)
-    return out
-
-
 def build_echo(
     req: CreateResponseRequest,
     sampling: SamplingParams,
     engine: Engine,
     conversation_id: str | None = None,
 ) -> dict[str, Any]:
-    """The request settings a Response object repeats, in OpenAI's field order; sampling
-    the request left to the engine is echoed as the engine applies it."""
+    """The request settings a Response object repeats (checked when the request was read,
+    see `protocol/echo.py`); sampling the request left to the engine is echoed as the
+    engine applies it."""
     defaults = engine.default_sampling
-    text_format = (
-        req.text.format.model_dump(by_alias=True, exclude_none=True)
-        if (req.text and req.text.format)
-        else {"type": "text"}
-    )
     return {
-        "background": bool(req.background),
+        **request_echo(req),
         "conversation": {"id": conversation_id} if conversation_id else None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "max_tool_calls": req.max_tool_calls,
         "model": engine.model_id,
-        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
-        "previous_response_id": req.previous_response_id,
-        "prompt_cache_key": req.prompt_cache_key,
         "prompt_cache_retention": prompt_cache(None, req.prompt_cache_retention).retention,
-        "reasoning": {
-            "effort": req.reasoning.effort if req.reasoning else None,
-            "summary": req.reasoning.summary if req.reasoning else None,
-        },
-        "safety_identifier": req.safety_identifier,
         "service_tier": "default",
-        "store": True if req.store is None else req.store,
         "temperature": (
             defaults.get("temperature", 1.0)
             if sampling.temperature is None
             else sampling.temperature
         ),
-        "text": {
-            "format": text_format,
-            "verbosity": (req.text.verbosity if req.text else None) or "medium",
-        },
-        "tool_choice": req.tool_choice or "auto",
-        "tools": _echo_tools(req.tools),
-        "top_logprobs": req.top_logprobs or 0,
         "top_p": defaults.get("top_p", 1.0) if sampling.top_p is None else sampling.top_p,
-        "truncation": req.truncation or "disabled",
-        "user": req.user,
-        "metadata": req.metadata or {},
         "frequency_penalty": sampling.frequency_penalty,
         "presence_penalty": sampling.presence_penalty,
     }

@@ -17,6 +17,7 @@ from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.background import BackgroundJobs
 from respd.service.responses.compaction import Compactor, CompactRequest, compaction_turn
+from respd.service.responses.ending import always_ended
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.prewarm import prewarm, wants_prewarm
 from respd.service.responses.runner import ResponseRunner, Turn
@@ -177,6 +178,7 @@ class ResponsesService:
             events = self.runner.respond(prepared, machine)  # admission: a 503 raises here
         if continues is not None:
             machine.echo["previous_response_id"] = continues
+        events = always_ended(events, machine)
         if streamed:
             return EventStream(events, turn, machine)
         work = self._finished(machine, events)

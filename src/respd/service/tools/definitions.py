@@ -17,6 +17,7 @@ from typing import Any, Literal
 from respd.engines.base import ToolDefinition
 from respd.engines.constraints import SchemaRejected
 from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
+from respd.protocol.schema import check_schema_document
 from respd.service.tools.freeform import input_pattern
 
 SchemaCheck = Callable[[dict[str, Any]], None]
@@ -68,6 +69,7 @@ def _function_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> To
                 f"{param}.parameters",
                 "invalid_function_parameters",
             )
+        check_schema_document(parameters, f"{param}.parameters", "invalid_function_parameters")
         try:
             check(parameters)
         except SchemaRejected as exc:
@@ -230,6 +232,20 @@ def _custom_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> Tool
     )
 
 
+def _kind(entry: dict[str, Any], param: str) -> Any:
+    """An entry's `type`, which must be a string (it is looked up in sets and maps)."""
+    kind = entry.get("type")
+    if kind is None:
+        raise MissingParameter(f"{param}.type")
+    if not isinstance(kind, str):
+        raise _bad(
+            f"Invalid type for '{param}.type': expected a string, got {type(kind).__name__}.",
+            f"{param}.type",
+            "invalid_type",
+        )
+    return kind
+
+
 def _environment(entry: dict[str, Any]) -> Any:
     env = entry.get("environment")
     return env.get("type") if isinstance(env, dict) else None
@@ -241,7 +257,7 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
     omitted: list[str] = []
 
     def add(entry: dict[str, Any], param: str, namespace: str | None = None) -> None:
-        kind = entry.get("type")
+        kind = _kind(entry, param)
         if is_deferred(entry):
             _function_tool(entry, param, check)  # checked now, shown once a search loads it
             return
@@ -355,7 +371,7 @@ def _as_function_choice(entry: Any, param: str) -> Any:
     the function choice of the name the model was shown; hosted tools cannot be forced."""
     if not isinstance(entry, dict):
         return entry
-    kind = entry.get("type")
+    kind = _kind(entry, param)
     if kind in ("function", "custom") and isinstance(entry.get("name"), str):
         return {"type": "function", "name": namespaced(entry.get("namespace"), entry["name"])}
     if kind in CLIENT_TOOLS:
@@ -394,7 +410,7 @@ def _tool_choice(choice: Any, tools: list[ToolDefinition], *, chat: bool) -> Too
         return ToolPolicy()
     if isinstance(choice, str):
         return ToolPolicy(mode=_string_choice(choice, tools))
-    kind = choice.get("type")
+    kind = _kind(choice, "tool_choice")
     if kind == "function":
         fn = choice.get("function") if chat else choice
         name = fn.get("name") if isinstance(fn, dict) else None
