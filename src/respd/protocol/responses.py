@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from respd.protocol.echo import check_response_echo
 from respd.protocol.errors import InvalidRequest
@@ -93,6 +93,12 @@ class CreateResponseRequest(_Lenient, DryFields):
     # Benchmark extensions (vLLM, llama-server): equal-length runs.
     ignore_eos: bool | None = None
     min_tokens: int | None = None
+
+    @field_validator("prompt_cache_retention", mode="before")
+    @classmethod
+    def _retention_spelling(cls, value: Any) -> Any:
+        """`in-memory`, as OpenAI's guide spells it, is the SDK's `in_memory`."""
+        return "in_memory" if value == "in-memory" else value
 
     @model_validator(mode="after")
     def _echoable(self) -> Self:
