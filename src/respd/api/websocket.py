@@ -13,6 +13,8 @@ Keys are checked as for HTTP, before the socket is accepted.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from contextlib import aclosing
 from typing import Any
 
@@ -24,8 +26,10 @@ from respd.protocol.errors import APIError, InvalidRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.service import ResponsesService
+from respd.service.responses.steering import Outcome, Steer, SteeringDesk, unsteerable
 from respd.store.base import JSON
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 # Fields of a create body that mean something only over HTTP.
@@ -46,23 +50,75 @@ class SocketSession:
         self.service = service
         self.owner = owner
         self.histories: dict[str, list[JSON]] = {}
+        self.steering = SteeringDesk()
+        self._sending = asyncio.Lock()
+        # Creates run one after another, off the reading loop, so a steer is read while a
+        # response runs.
+        self._last: asyncio.Task[None] | None = None
+
+    async def send(self, event: dict[str, Any]) -> None:
+        async with self._sending:
+            await self.socket.send_json(event)
 
     async def handle(self, raw: str | bytes) -> None:
         try:
-            await self._create(raw)
-        except APIError as exc:
-            await self.socket.send_json(error_event(exc))
-
-    async def _create(self, raw: str | bytes) -> None:
-        message = load_json(raw.encode() if isinstance(raw, str) else raw)
-        if not isinstance(message, dict) or message.get("type") != "response.create":
+            message = load_json(raw.encode() if isinstance(raw, str) else raw)
             kind = message.get("type") if isinstance(message, dict) else None
-            raise InvalidRequest(
-                f"Unsupported message type {kind!r}: send 'response.create'.",
-                param="type",
-                code="invalid_value",
-            )
+            if kind == "response.steer":
+                refusal = self.steering.submit(message)
+                if refusal is not None:
+                    await self.send(refusal)
+                return
+            if kind != "response.create":
+                raise InvalidRequest(
+                    f"Unsupported message type {kind!r}: send 'response.create' or "
+                    "'response.steer'.",
+                    param="type",
+                    code="invalid_value",
+                )
+        except APIError as exc:
+            await self.send(error_event(exc))
+            return
+        self._last = asyncio.create_task(self._after(self._last, message))
+
+    async def _after(self, before: asyncio.Task[None] | None, message: JSON) -> None:
+        if before is not None:
+            await asyncio.wait([before])
         body = {k: v for k, v in message.items() if k not in _TRANSPORT_FIELDS}
+        try:
+            await self._create(self.steering.unpark(body))
+        except APIError as exc:
+            await self.send(error_event(exc))
+        except WebSocketDisconnect:
+            return
+        except Exception:
+            log.exception("websocket response failed")
+            await self.socket.close(code=1011)
+
+    async def close(self) -> None:
+        """The socket went away: stop what runs (closing its events stops the generation)."""
+        if self._last is not None:
+            self._last.cancel()
+            await asyncio.wait([self._last])
+
+    async def _create(self, body: JSON) -> None:
+        """Run a response, then each successor its steering input makes."""
+        steers: list[Steer] = []
+        successor: JSON | None = body
+        while successor is not None:
+            try:
+                outcome = await self._respond(successor)
+            except APIError as exc:
+                if not steers:
+                    raise
+                for refusal in self.steering.not_committed(steers, exc.message):
+                    await self.send(refusal)
+                return
+            for notice in outcome.notices:
+                await self.send(notice)
+            successor, steers = outcome.successor, outcome.steers
+
+    async def _respond(self, body: JSON) -> Outcome:
         prior: list[JSON] = []
         previous = body.get("previous_response_id")
         if isinstance(previous, str) and previous in self.histories:
@@ -79,9 +135,12 @@ class SocketSession:
         created = await self.service.create(
             req, self.owner, stream=True, continues=previous if prior else None
         )
+        target = None
+        if created.machine is not None:
+            target = self.steering.track(body, created.machine, unsteerable(req))
         async with aclosing(created.events) as events:
             async for event in events:
-                await self.socket.send_json(event if isinstance(event, dict) else wire(event))
+                await self.send(event if isinstance(event, dict) else wire(event))
         # A stored response is continued from the store like over HTTP; an unstored one
         # only from here.
         kept = created.continuation()
@@ -90,6 +149,7 @@ class SocketSession:
             self.histories[response_id] = history
             while len(self.histories) > MAX_CACHED:
                 self.histories.pop(next(iter(self.histories)))
+        return self.steering.ended(target) if target is not None else Outcome()
 
 
 @router.websocket("/v1/responses")
@@ -107,3 +167,5 @@ async def responses_socket(socket: WebSocket) -> None:
                 await session.handle(raw)
     except WebSocketDisconnect:
         return
+    finally:
+        await session.close()

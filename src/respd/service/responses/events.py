@@ -56,6 +56,9 @@ from respd.service.responses.text_items import (
 from respd.service.responses.tool_items import CALL_ITEM, OpenCall
 from respd.service.tools.definitions import ToolRoute
 
+# The item types of calls the client runs (every call this machine writes).
+CLIENT_CALL_TYPES = frozenset(item_type for item_type, _ in CALL_ITEM.values())
+
 # pydantic's own `model_construct` (the classmethod's function), not the SDK's override.
 _construct: Callable[..., Any] = vars(BaseModel)["model_construct"].__func__
 
@@ -106,6 +109,11 @@ class ResponseEventMachine:
     _text: OpenText | None = None  # the message or reasoning item being written
     _call: OpenCall | None = None
     _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
+    # Steering (`response.steer`): set once input is queued to take this response over, so
+    # its generation stops at the next safe boundary; `post` queues the notices its stream
+    # carries, numbered in order when `notices` takes them.
+    steered: bool = False
+    _posted: list[tuple[type[BaseModel], dict[str, Any]]] = field(default_factory=list)
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -147,6 +155,21 @@ class ResponseEventMachine:
         event: ResponseStreamEvent = _construct(cls, **fields, sequence_number=self._seq)
         self._seq += 1
         return event
+
+    def post(self, cls: type[BaseModel], **fields: Any) -> None:
+        """Queue an event from outside the generation (a steering notice) for `notices`."""
+        self._posted.append((cls, fields))
+
+    def notices(self) -> list[ResponseStreamEvent]:
+        """The posted events, numbered where they join the stream."""
+        posted, self._posted = self._posted, []
+        return [self._event(cls, **fields) for cls, fields in posted]
+
+    @property
+    def at_safe_boundary(self) -> bool:
+        """No call is being written and none waits for the client's output: stopping now
+        loses no call (a call the client must answer ends the response instead)."""
+        return self._call is None and not any(o["type"] in CLIENT_CALL_TYPES for o in self.output)
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -440,6 +463,8 @@ class ResponseEventMachine:
             return self.cancel(usage=finished.usage)
         if finished.reason == "length":
             return self.finish(usage=finished.usage, incomplete_reason="max_output_tokens")
+        if finished.reason == "steered":
+            return self.finish(usage=finished.usage, incomplete_reason="steered")
         if finished.reason == "interrupted":
             # The server shut down: incomplete, with no reason the API defines for it.
             return self.finish(usage=finished.usage, incomplete=True)

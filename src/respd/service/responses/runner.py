@@ -420,6 +420,8 @@ class ResponseRunner:
                     yield event
             async for item in generation:
                 machine.generated_tokens = generation.produced
+                for event in machine.notices():  # steering, ahead of what follows it
+                    yield event
                 if isinstance(item, Finished):
                     events = machine.end(item)
                 elif isinstance(item, Started):
@@ -428,3 +430,5 @@ class ResponseRunner:
                     events = machine.apply(item)
                 for event in events:
                     yield event
+                if machine.steered and machine.at_safe_boundary and not generation.interrupted:
+                    generation.interrupt("steered")
