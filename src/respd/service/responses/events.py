@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionCompactingEvent,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -436,16 +437,47 @@ class ResponseEventMachine:
         return events
 
     def whole_item(self, item: dict[str, Any]) -> list[ResponseStreamEvent]:
-        """An item made in one piece (a compaction): announced and finished at once."""
+        """An item made in one piece: announced and finished at once."""
+        index, events = self.add_item(item)
+        return events + self.item_done(index, item)
+
+    def add_item(self, item: dict[str, Any]) -> tuple[int, list[ResponseStreamEvent]]:
+        """Announce an item made outside the generation (a compaction); `item_done`
+        finishes it, `drop_item` takes it back."""
         events = self._close_open("completed")
         index = len(self.output)
         self.output.append(item)
-        for cls, kind in (
-            (ResponseOutputItemAddedEvent, "response.output_item.added"),
-            (ResponseOutputItemDoneEvent, "response.output_item.done"),
-        ):
-            events.append(self._event(cls, type=kind, output_index=index, item=item))
-        return events
+        added = self._event(
+            ResponseOutputItemAddedEvent,
+            type="response.output_item.added",
+            output_index=index,
+            item=item,
+        )
+        return index, [*events, added]
+
+    def item_done(self, index: int, item: dict[str, Any]) -> list[ResponseStreamEvent]:
+        self.output[index] = item
+        return [
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=index,
+                item=item,
+            )
+        ]
+
+    def drop_item(self, index: int) -> None:
+        """An announced item that never finished (its compaction failed)."""
+        del self.output[index]
+
+    def compacting(self, index: int) -> ResponseStreamEvent:
+        """Progress of the compaction item at `index`: new summary text was sampled."""
+        return self._event(
+            ResponseCompactionCompactingEvent,
+            type="response.compaction.compacting",
+            item_id=self.output[index]["id"],
+            output_index=index,
+        )
 
     def apply_all(self, events: list[OutputEvent]) -> list[ResponseStreamEvent]:
         return [out for event in events for out in self.apply(event)]
