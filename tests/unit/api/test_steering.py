@@ -19,10 +19,11 @@ from respd.service.responses.steering import SteeringDesk
 from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
+from tests.support.servers import TEMPLATES
 
 EVENTS: TypeAdapter[ResponsesServerEvent] = TypeAdapter(ResponsesServerEvent)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
-LONG = Reply([f"word{i} " for i in range(400)], delay=0.01)
+LONG = Reply([f"word{i} " for i in range(100)], delay=0.01)
 
 
 def _app(engine: FakeEngine) -> TestClient:
@@ -56,10 +57,17 @@ def _steer(ws: Any, target: str, steer_input: Any) -> None:
     ws.send_json({"type": "response.steer", "previous_response_id": target, "input": steer_input})
 
 
-def test_a_steered_response_stops_and_a_successor_takes_the_input() -> None:
-    engine = FakeEngine([LONG, "Short answer."], model_id=FAKE_MODEL)
+def test_a_steered_response_stops_when_its_item_is_done_and_a_successor_takes_over() -> None:
+    """Steered while thinking: the reasoning item is finished, the answer never begins,
+    and the successor answers with the steering input after the steered turn."""
+    thought = [f"idea{i} " for i in range(30)]
+    thinking = Reply([*thought, "</think>", "Long answer."], delay=0.02)
+    template = (TEMPLATES / "think.jinja").read_text()
+    answer = Reply(["</think>", "Short answer."])
+    engine = FakeEngine([thinking, answer], model_id=FAKE_MODEL, template=template)
     with _app(engine) as client, client.websocket_connect("/v1/responses") as ws:
         first = _start(ws, input="Write a long story.", store=False, max_output_tokens=1000)
+        _until(ws, "response.reasoning_text.delta")
         _steer(ws, first, "Make it short.")
         events = _until(ws, *TERMINAL)
         accepted = [e for e in events if e["type"] == "response.steer.accepted"]
@@ -67,12 +75,14 @@ def test_a_steered_response_stops_and_a_successor_takes_the_input() -> None:
         steer = accepted[0]["steer"]
         assert steer["previous_response_id"] == first and steer["id"].startswith("steer_")
         numbers = [e["sequence_number"] for e in events]
-        assert numbers == list(range(1, 1 + len(events)))  # in order, after created
+        assert numbers == list(range(numbers[0], numbers[0] + len(events)))  # in order
         steered = strict_response(events[-1]["response"])
         assert steered.status == "incomplete" and steered.incomplete_details is not None
         assert steered.incomplete_details.reason == "steered"
-        assert steered.output[0].status == "incomplete"
-        assert engine.calls[0].cancelled  # the generation stopped, not ran to its end
+        # the item being written was finished whole; nothing after it began
+        assert [(o.type, o.status) for o in steered.output] == [("reasoning", "completed")]
+        assert "Long answer." not in str(events)
+        assert engine.calls[0].cancelled  # the generation stopped there
         # the successor: created on its own, from the steered response, with the input
         rest = _until(ws, *TERMINAL)
         assert rest[0]["type"] == "response.created"
@@ -82,8 +92,47 @@ def test_a_steered_response_stops_and_a_successor_takes_the_input() -> None:
         assert successor.max_output_tokens == 1000  # the settings carry over
         prompt = [(m.role, m.text) for m in engine.calls[-1].prompt.request.messages]
         assert prompt[0] == ("user", "Write a long story.")
-        assert prompt[1][0] == "assistant" and prompt[1][1].startswith("word0")
-        assert prompt[2] == ("user", "Make it short.")
+        assert prompt[-1] == ("user", "Make it short.")
+
+
+def test_a_steer_before_any_output_stops_the_response_with_none() -> None:
+    engine = FakeEngine([Reply(["never", " shown"], delay=0.5), "Fine."], model_id=FAKE_MODEL)
+    with _app(engine) as client, client.websocket_connect("/v1/responses") as ws:
+        first = _start(ws, input="Hi.")
+        _steer(ws, first, "Actually, say fine.")
+        steered = strict_response(_until(ws, *TERMINAL)[-1]["response"])
+        assert steered.status == "incomplete" and steered.output == []
+        successor = strict_response(_until(ws, *TERMINAL)[-1]["response"])
+        assert successor.output_text == "Fine."
+
+
+def test_a_message_before_a_call_is_finished_and_the_call_never_starts() -> None:
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    chunks = ["Let", " me", " check", ".", *call]
+    engine = FakeEngine([Reply(chunks, delay=0.05), "Okay."], model_id=FAKE_MODEL)
+    with _app(engine) as client, client.websocket_connect("/v1/responses") as ws:
+        first = _start(ws, input="Weather?", tools=tools)
+        _until(ws, "response.output_text.delta")
+        _steer(ws, first, "Never mind.")
+        steered = strict_response(_until(ws, *TERMINAL)[-1]["response"])
+        assert steered.incomplete_details is not None
+        assert steered.incomplete_details.reason == "steered"
+        assert [(o.type, o.status) for o in steered.output] == [("message", "completed")]
+        assert steered.output_text == "Let me check."
+        assert strict_response(_until(ws, *TERMINAL)[-1]["response"]).output_text == "Okay."
+
+
+def test_a_response_that_ends_first_keeps_its_status_and_is_followed() -> None:
+    engine = FakeEngine([Reply(["a", "b", "c"], delay=0.1), "Done."], model_id=FAKE_MODEL)
+    with _app(engine) as client, client.websocket_connect("/v1/responses") as ws:
+        first = _start(ws, input="Go.")
+        _until(ws, "response.output_text.delta")
+        _steer(ws, first, "More.")
+        done = strict_response(_until(ws, *TERMINAL)[-1]["response"])
+        assert done.status == "completed" and done.output_text == "abc"  # not cut
+        successor = strict_response(_until(ws, *TERMINAL)[-1]["response"])
+        assert successor.previous_response_id == first and successor.output_text == "Done."
 
 
 def test_steers_queue_in_order_and_a_late_one_is_refused() -> None:
@@ -117,6 +166,7 @@ def test_a_response_waiting_for_tool_output_keeps_the_input_for_the_next_create(
     engine = FakeEngine([Reply(list(call), delay=0.02), "It is sunny."], model_id=FAKE_MODEL)
     with _app(engine) as client, client.websocket_connect("/v1/responses") as ws:
         first = _start(ws, input="Weather in Paris?", tools=tools)
+        _until(ws, "response.output_item.added")  # the call has begun
         _steer(ws, first, "Answer in French.")
         events = _until(ws, *TERMINAL)
         done = strict_response(events[-1]["response"])

@@ -166,11 +166,21 @@ class ResponseEventMachine:
         posted, self._posted = self._posted, []
         return [self._event(cls, **fields) for cls, fields in posted]
 
-    @property
-    def at_safe_boundary(self) -> bool:
-        """No call is being written and none waits for the client's output: stopping now
-        loses no call (a call the client must answer ends the response instead)."""
-        return self._call is None and not any(o["type"] in CLIENT_CALL_TYPES for o in self.output)
+    def stop_for_steer(self, event: OutputEvent) -> list[ResponseStreamEvent] | None:
+        """The safe boundary of a steered response: when `event` would begin a new output
+        item, the events that finish the open one (the response stops there); None while
+        an item is being written, or once a call waits for the client's output (such a
+        response runs to its end and the steering input waits for that output)."""
+        if any(o["type"] in CLIENT_CALL_TYPES for o in self.output):
+            return None
+        text = self._text
+        if isinstance(event, ReasoningDelta):
+            opens = bool(event.text) and (text is None or text.kind != "reasoning")
+        elif isinstance(event, TextDelta):
+            opens = bool(event.text) and (text is None or text.kind != "message")
+        else:
+            opens = isinstance(event, CallStarted)
+        return self._close_open("completed") if opens else None
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -514,7 +524,8 @@ class ResponseEventMachine:
         # An empty answer is still one (empty) message; a budget spent while thinking
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
-        if not self.output or not (answered or incomplete):
+        steered = incomplete_reason == "steered"  # stopped before its answer: none made up
+        if (not self.output and not steered) or not (answered or incomplete):
             events += self._open_text("message") + self._close_text(item_status, "final_answer")
         if incomplete:
             self.status = "incomplete"
