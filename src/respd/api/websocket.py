@@ -2,7 +2,8 @@
 
 The client sends `{"type": "response.create", ...create body}` messages; each answers with
 the same typed events the HTTP stream sends, one JSON message per event, in order. The
-responses on a socket run one after another. A response made on this socket can be
+responses on a socket run one after another, off the reading loop: a `response.steer` sent
+while one runs reaches it (`service/responses/steering.py`). A response made on this socket can be
 continued with `previous_response_id` even when it was not stored (`store: false`): the
 socket keeps each finished unstored response's whole history for as long as it is open. After a
 reconnect, or from a response that failed, that history is gone and the continuation is a
@@ -55,6 +56,7 @@ class SocketSession:
         # Creates run one after another, off the reading loop, so a steer is read while a
         # response runs.
         self._last: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def send(self, event: dict[str, Any]) -> None:
         async with self._sending:
@@ -80,6 +82,8 @@ class SocketSession:
             await self.send(error_event(exc))
             return
         self._last = asyncio.create_task(self._after(self._last, message))
+        self._tasks.add(self._last)
+        self._last.add_done_callback(self._tasks.discard)
 
     async def _after(self, before: asyncio.Task[None] | None, message: JSON) -> None:
         if before is not None:
@@ -97,9 +101,10 @@ class SocketSession:
 
     async def close(self) -> None:
         """The socket went away: stop what runs (closing its events stops the generation)."""
-        if self._last is not None:
-            self._last.cancel()
-            await asyncio.wait([self._last])
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
 
     async def _create(self, body: JSON) -> None:
         """Run a response, then each successor its steering input makes."""

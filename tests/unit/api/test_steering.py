@@ -6,6 +6,7 @@ SDK's `ResponsesServerEvent`."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from openai.types.responses import ResponsesServerEvent
@@ -251,3 +252,16 @@ def test_a_response_that_finished_first_is_followed_all_the_same() -> None:
     failing.status = "failed"
     (refusal,) = desk.ended(target).notices
     assert refusal["error"]["code"] == "response_not_active" and refusal["steer"]["input"] == "x"
+
+
+def test_closing_the_socket_stops_what_runs_and_what_waits() -> None:
+    engine = FakeEngine([LONG, "never"], model_id=FAKE_MODEL)
+    with _app(engine) as client:
+        with client.websocket_connect("/v1/responses") as ws:
+            _start(ws, input="Go on and on.")
+            ws.send_json({"type": "response.create", "model": FAKE_MODEL, "input": "Next."})
+            _until(ws, "response.output_text.delta")
+        deadline = time.monotonic() + 5
+        while not engine.calls[0].cancelled and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.calls[0].cancelled and len(engine.calls) == 1
