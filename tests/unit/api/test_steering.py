@@ -15,8 +15,6 @@ from starlette.testclient import TestClient
 
 from respd.api.app import create_app
 from respd.engines.fake import FakeEngine, Reply
-from respd.service.responses.events import ResponseEventMachine
-from respd.service.responses.steering import SteeringDesk
 from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
@@ -224,34 +222,6 @@ def test_refusals_name_their_code_and_leave_the_socket_open() -> None:
         refused = _until(ws, "response.steer.failed")[-1]
         assert refused["error"]["code"] == "steering_not_supported"
         assert _until(ws, *TERMINAL)[-1]["type"] == "response.completed"
-
-
-def test_a_response_that_finished_first_is_followed_all_the_same() -> None:
-    desk = SteeringDesk()
-    machine = ResponseEventMachine({})
-    target = desk.track({"model": FAKE_MODEL, "input": "Go.", "store": False}, machine, None)
-    assert (
-        desk.submit(
-            {"type": "response.steer", "previous_response_id": machine.id, "input": "More."}
-        )
-        is None
-    )
-    assert machine.steered and [e.type for e in machine.notices()] == ["response.steer.accepted"]
-    machine.status = "completed"  # the generation ended before it reached a boundary
-    outcome = desk.ended(target)
-    assert outcome.successor == {
-        "model": FAKE_MODEL,
-        "input": [{"type": "message", "role": "user", "content": "More."}],
-        "store": False,
-        "previous_response_id": machine.id,
-    }
-    # a failed response commits nothing: its input comes back
-    failing = ResponseEventMachine({})
-    target = desk.track({"model": FAKE_MODEL}, failing, None)
-    desk.submit({"type": "response.steer", "previous_response_id": failing.id, "input": "x"})
-    failing.status = "failed"
-    (refusal,) = desk.ended(target).notices
-    assert refusal["error"]["code"] == "response_not_active" and refusal["steer"]["input"] == "x"
 
 
 def test_closing_the_socket_stops_what_runs_and_what_waits() -> None:

@@ -256,6 +256,8 @@ class SteeringDesk:
         stubs = required_input(machine.output)
         if stubs:
             self.parked[target.id] = steers
+            while len(self.parked) > MAX_REMEMBERED:  # never continued: let the oldest go
+                self.parked.pop(next(iter(self.parked)))
             for steer in steers:
                 machine.post(
                     ResponseSteerPendingEvent,
