@@ -221,10 +221,16 @@ def test_compaction(http: httpx.Client) -> None:
     compacted = r.json()
     errors = schema_errors(compacted, "#/components/schemas/CompactResource")
     assert not errors, errors[:5]
-    (item,) = compacted["output"]
+    # the history's user messages, as they were sent, then the item for all of it
+    *kept, item = compacted["output"]
+    assert [(m["role"], m["content"][0]["text"]) for m in kept] == [
+        ("user", "My name is Alice and I like tea."),
+        ("user", "Noted?"),
+    ]
     assert item["type"] == "compaction" and item["encrypted_content"]
-    # the compacted history continues
-    body = _post(http, input=[item, {"type": "message", "role": "user", "content": "Go on."}])
+    # the compacted history continues, handed back as it came
+    follow = {"type": "message", "role": "user", "content": "Go on."}
+    body = _post(http, input=[*compacted["output"], follow])
     assert body["output"]
     # a compaction body without a model is a 400 naming it
     missing = http.post("/v1/responses/compact", json={"input": "hi"})
@@ -246,6 +252,17 @@ def test_compaction_trigger_turn(http: httpx.Client) -> None:
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert [i["type"] for i in done] == ["compaction"] and done[0]["encrypted_content"]
     assert [o["type"] for o in final["output"]] == ["compaction"]
+    # progress while the summary is sampled, for the item announced before it
+    types = [e["type"] for e in events]
+    added, finished_at = (
+        types.index("response.output_item.added"),
+        types.index("response.output_item.done"),
+    )
+    compacting = [i for i, t in enumerate(types) if t == "response.compaction.compacting"]
+    assert compacting and all(added < i < finished_at for i in compacting)  # one per 30 s
+    assert {(events[i]["item_id"], events[i]["output_index"]) for i in compacting} == {
+        (done[0]["id"], 0)
+    }
     body = _post(http, input=[history[0], done[0], {"role": "user", "content": "Go on."}])
     assert finished(body)
     late = http.post(

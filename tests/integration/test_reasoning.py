@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai.types.responses import Response
 
-from tests.support.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_compacted, strict_event, strict_response
 from tests.support.servers import MODEL_ID, TEMPLATES, RespdServer, start_server
 
 ANSWER = {
@@ -410,10 +410,15 @@ def test_compaction_stands_for_the_history_it_summarised(tclient: openai.OpenAI)
         max_output_tokens=30,
         reasoning={"effort": "none"},
     )
-    compacted = tclient.responses.compact(
-        model=MODEL_ID, previous_response_id=first.id, input=[{"role": "user", "content": "Noted?"}]
+    raw = tclient.responses.with_raw_response.compact(
+        model=MODEL_ID,
+        previous_response_id=first.id,
+        input=[{"role": "user", "content": "Noted?"}],
+        prompt_cache_key="ada",
     )
+    compacted, kept = strict_compacted(json.loads(raw.text))
     assert compacted.object == "response.compaction"
+    assert [m.role for m in kept] == ["user", "user"]
     (item,) = compacted.output
     assert item.type == "compaction" and item.encrypted_content
     assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import (
+    CompactedResponse,
+    Response,
+    ResponseInputMessageItem,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 
 EVENT_ADAPTER: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
@@ -60,3 +65,16 @@ def strict_event(body: dict[str, Any]) -> ResponseStreamEvent:
     event = EVENT_ADAPTER.validate_python(body)
     assert event.type == body["type"]
     return event
+
+
+def strict_compacted(
+    body: dict[str, Any],
+) -> tuple[CompactedResponse, list[ResponseInputMessageItem]]:
+    """A `/responses/compact` body: the SDK's `CompactedResponse` for all of it but the
+    user messages it keeps, which are validated as the SDK types a stored input message
+    (its output-item union holds assistant messages only)."""
+    output = body["output"]
+    kept = [o for o in output if o.get("type") == "message" and o.get("role") == "user"]
+    rest = [o for o in output if o not in kept]
+    compacted = CompactedResponse.model_validate({**body, "output": rest})
+    return compacted, [ResponseInputMessageItem.model_validate(m) for m in kept]

@@ -4,7 +4,8 @@ The client sends `{"type": "response.create", ...create body}` messages; each an
 the same typed events the HTTP stream sends, one JSON message per event. `stream_id` puts
 a response on a lane: a lane's responses run one after another, lanes run side by side,
 and each event of a laned response carries its `stream_id`. `generate: false` prepares a
-turn without output. How lanes, limits and the socket's continuation cache behave is the
+turn without output. A `response.steer` adds user input to a running response, on whatever
+lane it runs. How lanes, limits, steering and the socket's continuation cache behave is the
 service's (`service/responses/socket.py`); this module reads messages and frames events.
 
 A response is always streamed here and never in the background: `stream: false`, any
@@ -40,6 +41,7 @@ router = APIRouter()
 
 # The SDK's rule for a lane's name.
 STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+MESSAGE_TYPES = ("response.create", "response.steer")
 # Closing the socket at its age limit: a normal closure, after the error event says why.
 AGE_CLOSE_CODE = 1000
 
@@ -83,12 +85,12 @@ def _stream_id(message: dict[str, Any]) -> str | None:
 
 
 def read_message(raw: str | bytes) -> dict[str, Any]:
-    """A client message: a `response.create` event."""
+    """A client message: a `response.create` or a `response.steer` event."""
     message = load_json(raw.encode() if isinstance(raw, str) else raw)
-    if not isinstance(message, dict) or message.get("type") != "response.create":
+    if not isinstance(message, dict) or message.get("type") not in MESSAGE_TYPES:
         kind = message.get("type") if isinstance(message, dict) else None
         raise InvalidRequest(
-            f"Unsupported message type {kind!r}: send 'response.create'.",
+            f"Unsupported message type {kind!r}: send 'response.create' or 'response.steer'.",
             param="type",
             code="invalid_value",
         )
@@ -174,6 +176,9 @@ async def _serve(socket: WebSocket, session: SocketSession, events: SocketEvents
         stream_id: str | None = None
         try:
             message = read_message(raw)
+            if message["type"] == "response.steer":
+                await session.steer(message)  # answered in its target's stream, or refused
+                continue
             stream_id = _stream_id(message)  # named on every error that follows
             session.submit(parse_create(message), stream_id)
         except APIError as exc:

@@ -179,13 +179,15 @@ async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
 class Run:
     """One admitted generation: iterate it for its events; `produced` counts the tokens
     generated so far; closing it cancels the generation; `interrupt` ends it early but
-    still with its `Finished` (`interrupted`), for a server that shuts down."""
+    still with its `Finished` (`interrupted` for a server that shuts down, `steered` for
+    a response that new input takes over)."""
 
     def __init__(
         self, prepared: PreparedGeneration, stream: GenerationStream, runs: ActiveRuns | None
     ) -> None:
         self.produced = 0
         self.interrupted = False
+        self.interrupted_as: FinishKind = "interrupted"
         self.started_at = time.monotonic()
         self.observer = runs.observer if runs is not None else None
         self.policy = runs.output if runs is not None else OutputPolicy()
@@ -201,8 +203,9 @@ class Run:
     async def aclose(self) -> None:
         await self._events.aclose()
 
-    def interrupt(self) -> None:
+    def interrupt(self, reason: FinishKind = "interrupted") -> None:
         self.interrupted = True
+        self.interrupted_as = reason
         self._stream.cancel()
 
     def ended(self) -> None:
@@ -377,7 +380,7 @@ async def _events(
             log.error("generation failed: %s", done.error)
         reason: FinishKind = done.finish_reason
         if reason == "cancelled" and progress.interrupted:
-            reason = "interrupted"
+            reason = progress.interrupted_as
         if progress.observer is not None:
             seconds = time.monotonic() - progress.started_at
             progress.observer.finished(spec.params.api, usage, seconds)

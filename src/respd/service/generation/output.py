@@ -63,7 +63,7 @@ class Usage:
     reasoning_tokens: int = 0
 
 
-FinishKind = Literal["stop", "length", "cancelled", "interrupted", "error"]
+FinishKind = Literal["stop", "length", "cancelled", "interrupted", "steered", "error"]
 
 
 @dataclass

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, ConfigDict
 
 from respd.engines.base import ChatMessage, Engine
-from respd.protocol.errors import InvalidRequest, MissingParameter
+from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, MissingParameter
 from respd.protocol.responses import CreateResponseRequest
 from respd.service.ids import new_id
 from respd.service.responses.events import ResponseEventMachine, usage_json
@@ -32,8 +33,15 @@ from respd.service.responses.runner import (
     build_echo,
     request_sampling,
 )
-from respd.service.responses.summary import SummaryFailed, compaction_item, summarize
+from respd.service.responses.summary import (
+    Compacted,
+    SummaryFailed,
+    compaction_item,
+    stream_compaction,
+    summarize,
+)
 from respd.service.responses.translate import check_item_shapes
+from respd.store.base import JSON
 
 TRIGGER = "compaction_trigger"
 
@@ -67,6 +75,18 @@ class CompactRequest(BaseModel):
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
     previous_response_id: str | None = None
+    # The summary's generation keeps its KV under this key, as a create's would.
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    image: dict[str, Any] | None = None
+
+
+def retained_messages(items: list[JSON]) -> list[JSON]:
+    """The user messages a compacted history keeps, in order, ahead of its summary."""
+    return [i for i in items if i.get("type") == "message" and i.get("role") == "user"]
 
 
 class Compactor:
@@ -74,6 +94,8 @@ class Compactor:
         self.service = service
 
     async def compact(self, body: CompactRequest, owner: str) -> dict[str, Any]:
+        """`POST /v1/responses/compact`: every user message of the history, then one
+        compaction item for the whole of it."""
         service = self.service
         if not body.model:
             raise MissingParameter("model")
@@ -83,13 +105,16 @@ class Compactor:
             service.store, owner, previous_response_id=body.previous_response_id, conversation=None
         )
         messages = await service.conversation(engine, owner, history, body.input, body.instructions)
-        summary = await summarize(engine, messages, service.runs)
+        summary = await summarize(engine, messages, service.runs, cache_key=body.prompt_cache_key)
+        kept = retained_messages([*history.items, *normalize_items(body.input)])
         return {
             "id": new_id("resp"),
             "object": "response.compaction",
             "created_at": int(time.time()),
-            "output": [compaction_item(service.sealer, summary.text)],
+            "output": [*kept, compaction_item(service.sealer, summary.text)],
             "usage": usage_json(summary.usage),
+            "safety_identifier": body.safety_identifier,
+            "service_tier": "default",
         }
 
     async def start(self, req: CreateResponseRequest, owner: str) -> CompactionRun:
@@ -119,13 +144,25 @@ class Compactor:
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         for event in machine.start():
             yield event
+        result = Compacted()
+        steps = stream_compaction(
+            machine,
+            engine,
+            messages,
+            self.service.runs,
+            self.service.sealer,
+            result,
+            cache_key=turn.request.prompt_cache_key,
+        )
         try:
-            summary = await summarize(engine, messages, self.service.runs)
-        except SummaryFailed as exc:
+            async with aclosing(steps):
+                async for event in steps:
+                    yield event
+        except (SummaryFailed, ContextLengthExceeded) as exc:
             events = machine.fail(exc.message)
         else:
-            events = machine.whole_item(compaction_item(self.service.sealer, summary.text))
-            events += machine.finish(usage=summary.usage)
+            assert result.summary is not None
+            events = machine.finish(usage=result.summary.usage)
         for event in events:
             if event.type in TERMINAL_EVENTS:
                 await self.service.persist(turn, machine)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     Response,
+    ResponseCompactionCompactingEvent,
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -55,6 +56,9 @@ from respd.service.responses.text_items import (
 )
 from respd.service.responses.tool_items import CALL_ITEM, OpenCall
 from respd.service.tools.definitions import ToolRoute
+
+# The item types of calls the client runs (every call this machine writes).
+CLIENT_CALL_TYPES = frozenset(item_type for item_type, _ in CALL_ITEM.values())
 
 # pydantic's own `model_construct` (the classmethod's function), not the SDK's override.
 _construct: Callable[..., Any] = vars(BaseModel)["model_construct"].__func__
@@ -106,6 +110,11 @@ class ResponseEventMachine:
     _text: OpenText | None = None  # the message or reasoning item being written
     _call: OpenCall | None = None
     _held_logprobs: list[dict[str, Any]] = field(default_factory=list)  # tokens with no text yet
+    # Steering (`response.steer`): set once input is queued to take this response over, so
+    # its generation stops at the next safe boundary; `post` queues the notices its stream
+    # carries, numbered in order when `notices` takes them.
+    steered: bool = False
+    _posted: list[tuple[type[BaseModel], dict[str, Any]]] = field(default_factory=list)
 
     # -- snapshots ------------------------------------------------------------------------
 
@@ -147,6 +156,31 @@ class ResponseEventMachine:
         event: ResponseStreamEvent = _construct(cls, **fields, sequence_number=self._seq)
         self._seq += 1
         return event
+
+    def post(self, cls: type[BaseModel], **fields: Any) -> None:
+        """Queue an event from outside the generation (a steering notice) for `notices`."""
+        self._posted.append((cls, fields))
+
+    def notices(self) -> list[ResponseStreamEvent]:
+        """The posted events, numbered where they join the stream."""
+        posted, self._posted = self._posted, []
+        return [self._event(cls, **fields) for cls, fields in posted]
+
+    def stop_for_steer(self, event: OutputEvent) -> list[ResponseStreamEvent] | None:
+        """The safe boundary of a steered response: when `event` would begin a new output
+        item, the events that finish the open one (the response stops there); None while
+        an item is being written, or once a call waits for the client's output (such a
+        response runs to its end and the steering input waits for that output)."""
+        if any(o["type"] in CLIENT_CALL_TYPES for o in self.output):
+            return None
+        text = self._text
+        if isinstance(event, ReasoningDelta):
+            opens = bool(event.text) and (text is None or text.kind != "reasoning")
+        elif isinstance(event, TextDelta):
+            opens = bool(event.text) and (text is None or text.kind != "message")
+        else:
+            opens = isinstance(event, CallStarted)
+        return self._close_open("completed") if opens else None
 
     # -- transitions ----------------------------------------------------------------------
 
@@ -418,16 +452,47 @@ class ResponseEventMachine:
         return events
 
     def whole_item(self, item: dict[str, Any]) -> list[ResponseStreamEvent]:
-        """An item made in one piece (a compaction): announced and finished at once."""
+        """An item made in one piece: announced and finished at once."""
+        index, events = self.add_item(item)
+        return events + self.item_done(index, item)
+
+    def add_item(self, item: dict[str, Any]) -> tuple[int, list[ResponseStreamEvent]]:
+        """Announce an item made outside the generation (a compaction); `item_done`
+        finishes it, `drop_item` takes it back."""
         events = self._close_open("completed")
         index = len(self.output)
         self.output.append(item)
-        for cls, kind in (
-            (ResponseOutputItemAddedEvent, "response.output_item.added"),
-            (ResponseOutputItemDoneEvent, "response.output_item.done"),
-        ):
-            events.append(self._event(cls, type=kind, output_index=index, item=item))
-        return events
+        added = self._event(
+            ResponseOutputItemAddedEvent,
+            type="response.output_item.added",
+            output_index=index,
+            item=item,
+        )
+        return index, [*events, added]
+
+    def item_done(self, index: int, item: dict[str, Any]) -> list[ResponseStreamEvent]:
+        self.output[index] = item
+        return [
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=index,
+                item=item,
+            )
+        ]
+
+    def drop_item(self, index: int) -> None:
+        """An announced item that never finished (its compaction failed)."""
+        del self.output[index]
+
+    def compacting(self, index: int) -> ResponseStreamEvent:
+        """Progress of the compaction item at `index`: new summary text was sampled."""
+        return self._event(
+            ResponseCompactionCompactingEvent,
+            type="response.compaction.compacting",
+            item_id=self.output[index]["id"],
+            output_index=index,
+        )
 
     def apply_all(self, events: list[OutputEvent]) -> list[ResponseStreamEvent]:
         return [out for event in events for out in self.apply(event)]
@@ -445,6 +510,8 @@ class ResponseEventMachine:
             return self.cancel(usage=finished.usage)
         if finished.reason == "length":
             return self.finish(usage=finished.usage, incomplete_reason="max_output_tokens")
+        if finished.reason == "steered":
+            return self.finish(usage=finished.usage, incomplete_reason="steered")
         if finished.reason == "interrupted":
             # The server shut down: incomplete, with no reason the API defines for it.
             return self.finish(usage=finished.usage, incomplete=True)
@@ -462,7 +529,8 @@ class ResponseEventMachine:
         # An empty answer is still one (empty) message; a budget spent while thinking
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
-        if not self.output or not (answered or incomplete):
+        steered = incomplete_reason == "steered"  # stopped before its answer: none made up
+        if (not self.output and not steered) or not (answered or incomplete):
             events += self._open_text("message") + self._close_text(item_status, "final_answer")
         if incomplete:
             self.status = "incomplete"

@@ -400,12 +400,20 @@ class ResponseRunner:
             for made in lead:
                 for event in machine.whole_item(made):
                     yield event
+            stopped = False  # steered: output past the boundary is not shown
             async for item in generation:
                 machine.generated_tokens = generation.produced
+                for event in machine.notices():  # steering, ahead of what follows it
+                    yield event
                 if isinstance(item, Finished):
                     events = machine.end(item)
                 elif isinstance(item, Started):
                     events = machine.begin()
+                elif stopped:
+                    continue
+                elif machine.steered and (closing := machine.stop_for_steer(item)) is not None:
+                    events, stopped = closing, True
+                    generation.interrupt("steered")
                 else:
                     events = machine.apply(item)
                 for event in events:

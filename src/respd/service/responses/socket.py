@@ -13,6 +13,13 @@ first event or after, takes the history it continued out of that cache with it: 
 state it failed on is not reused, and continuing from it again is
 `previous_response_not_found` (unless it was stored, when the store still has it).
 
+A `response.steer` names a running response on any lane (`steering.py` says what it
+does). A steered response's successor runs next on the same lane, before what waits there,
+and carries that lane's `stream_id`; it is part of the create that began the chain, so it
+takes no room of its own under the limits. Notices about queued input (pending, or not
+committed) go on the lane of the response they concern; a steer refused on arrival belongs
+to no lane and carries no `stream_id`.
+
 Per socket, at most `SocketLimits.active_responses` responses may be waiting or running,
 at most `streams` lanes may be busy at once, and the socket lives at most `max_age`
 seconds; each limit refuses with its own error code.
@@ -34,6 +41,7 @@ from respd.protocol.errors import APIError
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.service import EventStream, ResponsesService
+from respd.service.responses.steering import Outcome, Steer, SteeringDesk, unsteerable
 from respd.store.base import JSON
 
 log = logging.getLogger(__name__)
@@ -123,6 +131,7 @@ class SocketSession:
         self._opened = clock()
         self._lanes: dict[str | None, _Lane] = {}
         self._active = 0
+        self.steering = SteeringDesk()
 
     # -- limits ---------------------------------------------------------------------------
 
@@ -175,7 +184,7 @@ class SocketSession:
             while lane.waiting:
                 create = lane.waiting.popleft()
                 try:
-                    await self.respond(create, lane.stream_id)
+                    await self._chain(create, lane.stream_id)
                 except SocketClosed:
                     return  # its generation stopped as its events closed
                 except APIError as exc:
@@ -215,32 +224,69 @@ class SocketSession:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    # -- steering -------------------------------------------------------------------------
+
+    async def steer(self, message: dict[str, Any]) -> None:
+        """Queue a `response.steer` on the running response it names, on whichever lane
+        (acknowledged in that response's stream), or send the event that refuses it."""
+        refusal = self.steering.submit(message)
+        if refusal is not None:
+            await self._send(refusal)
+
+    async def _chain(self, create: Create, stream_id: str | None) -> None:
+        """Run a create, then each successor its steering input makes, on the same lane."""
+        steers: list[Steer] = []
+        while True:
+            try:
+                outcome = await self.respond(create, stream_id)
+            except APIError as exc:
+                if not steers:
+                    raise
+                for refusal in self.steering.not_committed(steers, exc.message):
+                    await self._send(_on_lane(refusal, stream_id))
+                return
+            for notice in outcome.notices:
+                await self._send(_on_lane(notice, stream_id))
+            if outcome.successor is None:
+                return
+            create, steers = Create(outcome.successor), outcome.steers
+
     # -- one response ---------------------------------------------------------------------
 
-    async def respond(self, create: Create, stream_id: str | None = None) -> None:
-        """Run one create and send its events. A failure evicts the history it continued
-        from this socket (raised `APIError`s are the caller's to send)."""
-        body = create.body
+    async def respond(self, create: Create, stream_id: str | None = None) -> Outcome:
+        """Run one create and send its events: what its steering input makes of it. A
+        failure evicts the history it continued from this socket (raised `APIError`s are
+        the caller's to send)."""
+        body = self.steering.unpark(create.body)  # input queued while a tool call was owed
         previous = body.get("previous_response_id")
         previous = previous if isinstance(previous, str) else None
         try:
-            created = await self._start(body, previous, create.generate)
+            req, created = await self._start(body, previous, create.generate)
         except APIError:
             self._evict(previous)
             raise
-        async with aclosing(created.events) as events:
-            async for event in events:
-                payload = event if isinstance(event, dict) else wire(event)
-                if stream_id is not None:
-                    payload = {**payload, "stream_id": stream_id}
-                await self._send(payload)
         machine = created.machine
+        target = None
+        if machine is not None:
+            target = self.steering.track(body, machine, unsteerable(req))
+        try:
+            async with aclosing(created.events) as events:
+                async for event in events:
+                    payload = event if isinstance(event, dict) else wire(event)
+                    await self._send(_on_lane(payload, stream_id))
+        except BaseException:
+            if target is not None:
+                self.steering.ended(target)  # no longer a target; its input goes with it
+            raise
         if machine is not None and machine.status == "failed":
             self._evict(previous)
         self._keep(created)
+        return self.steering.ended(target) if target is not None else Outcome()
 
-    async def _start(self, body: dict[str, Any], previous: str | None, generate: bool) -> Any:
-        """Validate and admit one create: its `EventStream`."""
+    async def _start(
+        self, body: dict[str, Any], previous: str | None, generate: bool
+    ) -> tuple[CreateResponseRequest, EventStream]:
+        """Validate and admit one create: its request and `EventStream`."""
         prior = self.histories.get(previous) if previous is not None else None
         if prior is not None:
             # Continued from this socket's own history: stored or not, no store read.
@@ -254,8 +300,8 @@ class SocketSession:
         req = self._validate(body)
         continues = previous if prior is not None else None
         if not generate:
-            return await self.service.prewarm(req, self.owner, continues=continues)
-        return await self.service.create(req, self.owner, stream=True, continues=continues)
+            return req, await self.service.prewarm(req, self.owner, continues=continues)
+        return req, await self.service.create(req, self.owner, stream=True, continues=continues)
 
     def _keep(self, created: EventStream) -> None:
         """A finished response that was not stored is continued from here alone."""
@@ -270,3 +316,8 @@ class SocketSession:
     def _evict(self, response_id: str | None) -> None:
         if response_id is not None and self.histories.pop(response_id, None) is not None:
             log.info("evicted %s from a socket's cache: its continuation failed", response_id)
+
+
+def _on_lane(event: dict[str, Any], stream_id: str | None) -> dict[str, Any]:
+    """An event as a laned response sends it: naming its lane."""
+    return event if stream_id is None else {**event, "stream_id": stream_id}

@@ -7,9 +7,13 @@ still a summary.
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
+
+from openai.types.responses import ResponseStreamEvent
 
 from respd.engines.base import ChatMessage, Engine, SamplingParams
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, ServerError
@@ -17,6 +21,7 @@ from respd.service.generation import core
 from respd.service.generation.core import GenerationSpec
 from respd.service.generation.output import Finished, ReasoningDelta, TextDelta, Usage
 from respd.service.ids import new_id
+from respd.service.responses.events import ResponseEventMachine
 from respd.service.sealing import Sealer
 
 SUMMARY_TOKENS = 400  # the summary's budget
@@ -67,9 +72,29 @@ def transcript(messages: list[ChatMessage], max_chars: int) -> str:
 
 
 async def summarize(
-    engine: Engine, messages: list[ChatMessage], runs: core.ActiveRuns | None
+    engine: Engine,
+    messages: list[ChatMessage],
+    runs: core.ActiveRuns | None,
+    *,
+    cache_key: str | None = None,
 ) -> Summary:
     """The model's summary of `messages`: as much of their end as the context holds."""
+    async with aclosing(summarizing(engine, messages, runs, cache_key=cache_key)) as steps:
+        async for step in steps:
+            if step is not None:
+                return step
+    raise SummaryFailed  # `summarizing` ends with its summary or raises
+
+
+async def summarizing(
+    engine: Engine,
+    messages: list[ChatMessage],
+    runs: core.ActiveRuns | None,
+    *,
+    cache_key: str | None = None,
+) -> AsyncGenerator[Summary | None, None]:
+    """`summarize` step by step: None each time new summary text is sampled (progress
+    for whoever waits), then the `Summary`."""
     budget = int((engine.context_window - SUMMARY_TOKENS - 200) * _CHARS_PER_TOKEN)
     for _ in range(4):
         spec = GenerationSpec(
@@ -79,6 +104,7 @@ async def summarize(
             ],
             sampling=SamplingParams(temperature=0, max_tokens=SUMMARY_TOKENS),
             reasoning_effort="none",
+            cache_key=cache_key,
         )
         try:
             prepared = await core.prepare(engine, spec)
@@ -94,21 +120,24 @@ async def summarize(
             async for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)
+                    yield None
                 elif isinstance(event, ReasoningDelta):
                     thoughts.append(event.text)
+                    yield None
                 elif isinstance(event, Finished):
                     finished = event
         if finished is None or finished.reason not in ("stop", "length"):
             raise SummaryFailed
-        return Summary(("".join(text) or "".join(thoughts)).strip(), finished.usage)
+        yield Summary(("".join(text) or "".join(thoughts)).strip(), finished.usage)
+        return
     raise ContextLengthExceeded("The history is too long to compact on this model.")
 
 
-def compaction_item(sealer: Sealer, summary: str) -> dict[str, Any]:
+def compaction_item(sealer: Sealer, summary: str, item_id: str | None = None) -> dict[str, Any]:
     """The item that stands for the turns `summary` replaced, its text sealed."""
     return {
         "type": "compaction",
-        "id": new_id("cmp"),
+        "id": item_id or new_id("cmp"),
         "encrypted_content": sealer.seal("compaction", {"summary": summary}),
     }
 
@@ -163,3 +192,51 @@ def compaction_threshold(management: Any, context_window: int) -> int | None:
             )
         threshold = value if threshold is None else min(threshold, value)
     return threshold
+
+
+# `response.compaction.compacting` goes out when summary text is first sampled, then at most
+# once per this many seconds (OpenAI's pace).
+COMPACTING_EVERY_SECS = 30.0
+
+
+@dataclass
+class Compacted:
+    """Where `stream_compaction` leaves its summary."""
+
+    summary: Summary | None = None
+
+
+async def stream_compaction(
+    machine: ResponseEventMachine,
+    engine: Engine,
+    messages: list[ChatMessage],
+    runs: core.ActiveRuns | None,
+    sealer: Sealer,
+    result: Compacted,
+    *,
+    cache_key: str | None = None,
+) -> AsyncGenerator[ResponseStreamEvent, None]:
+    """A compaction item's events as its summary of `messages` is made: added, then
+    `response.compaction.compacting` as summary text is sampled, then done with its sealed
+    content; the summary lands in `result`. A failure takes the item back and raises."""
+    index, events = machine.add_item(
+        {"type": "compaction", "id": new_id("cmp"), "encrypted_content": ""}
+    )
+    for event in events:
+        yield event
+    last: float | None = None
+    try:
+        async with aclosing(summarizing(engine, messages, runs, cache_key=cache_key)) as steps:
+            async for step in steps:
+                if step is not None:
+                    result.summary = step
+                elif last is None or time.monotonic() - last >= COMPACTING_EVERY_SECS:
+                    last = time.monotonic()
+                    yield machine.compacting(index)
+    except (SummaryFailed, ContextLengthExceeded):
+        machine.drop_item(index)
+        raise
+    assert result.summary is not None
+    item = compaction_item(sealer, result.summary.text, machine.output[index]["id"])
+    for event in machine.item_done(index, item):
+        yield event

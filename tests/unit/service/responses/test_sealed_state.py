@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 import pytest
-from openai.types.responses import CompactedResponse
 
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
@@ -16,7 +15,7 @@ from respd.service.responses.text_items import summarize_reasoning
 from respd.service.responses.translate import SUMMARY_HEADER
 from respd.service.sealing import Sealer, Unsealable
 from tests.support.fake import FAKE_MODEL
-from tests.support.sdk_types import strict_event, strict_response
+from tests.support.sdk_types import strict_compacted, strict_event, strict_response
 from tests.support.servers import TEMPLATES
 
 THOUGHT = "The user greets; greet back."
@@ -126,14 +125,21 @@ async def test_compaction_summarises_and_its_item_stands_for_the_history(
         input=[{"role": "user", "content": "and then?"}],
     )
     assert r.status_code == 200, r.text
-    compacted = CompactedResponse.model_validate(r.json())
+    body = r.json()
+    compacted, kept = strict_compacted(body)
     assert compacted.object == "response.compaction"
-    assert [o.type for o in compacted.output] == ["compaction"]
+    # every user message of the history, then the item that stands for all of it
+    assert [o["type"] for o in body["output"]] == ["message", "message", "compaction"]
+    assert [(m.role, m.content[0].text, m.status) for m in kept] == [  # type: ignore[union-attr]
+        ("user", "hi", "completed"),
+        ("user", "and then?", "completed"),
+    ]
+    assert all(m.id.startswith("msg_") for m in kept)
     assert compacted.usage.output_tokens > 0
     transcript = engine.calls[-1].prompt.request.messages[-1].text
     assert "user: hi" in transcript and "Hello!" in transcript and "and then?" in transcript
     # the compacted history goes on as input
-    output = [o.model_dump(exclude_none=True) for o in compacted.output]
+    output = body["output"]
     r = await _post(http, "/v1/responses", input=[*output, {"role": "user", "content": "next"}])
     assert r.status_code == 200, r.text
     summary = [
@@ -183,7 +189,18 @@ async def test_a_compaction_trigger_makes_a_response_of_one_compaction_item(
         strict_event(event)
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert [i["type"] for i in done] == ["compaction"]
-    assert [e["type"] for e in events][-1] == "response.completed"
+    types = [e["type"] for e in events]
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.compaction.compacting",  # once the summary's first text is sampled
+        "response.output_item.done",
+        "response.completed",
+    ]
+    (compacting,) = [e for e in events if e["type"] == "response.compaction.compacting"]
+    assert (compacting["item_id"], compacting["output_index"]) == (done[0]["id"], 0)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
     final = strict_response(events[-1]["response"])
     assert [o.type for o in final.output] == ["compaction"] and final.usage is not None
     assert final.usage.output_tokens > 0
