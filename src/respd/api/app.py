@@ -41,7 +41,7 @@ from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
 from respd.service.responses.service import ResponsesService
-from respd.service.responses.socket import SocketLimits
+from respd.service.responses.socket_limits import SocketLimits
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
 from respd.store import MemoryStore, Store

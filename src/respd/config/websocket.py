@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from respd.service.responses.socket import (
+from respd.service.responses.socket_limits import (
     DEFAULT_ACTIVE_RESPONSES,
     DEFAULT_MAX_AGE_SECS,
     DEFAULT_STREAMS,

@@ -14,7 +14,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from respd.api.app import create_app
 from respd.engines.fake import FakeEngine, Reply
-from respd.service.responses.socket import SocketLimits
+from respd.service.responses.socket_limits import SocketLimits
 from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response

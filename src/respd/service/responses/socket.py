@@ -41,6 +41,7 @@ from respd.protocol.errors import APIError
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.service import EventStream, ResponsesService
+from respd.service.responses.socket_limits import SocketLimits
 from respd.service.responses.steering import Outcome, Steer, SteeringDesk, unsteerable
 from respd.store.base import JSON
 
@@ -51,9 +52,6 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 # Reads a create body into the request model (400s named as for HTTP).
 Validate = Callable[[dict[str, Any]], CreateResponseRequest]
 
-DEFAULT_ACTIVE_RESPONSES = 16
-DEFAULT_STREAMS = 16
-DEFAULT_MAX_AGE_SECS = 3600.0
 # How many finished histories one socket keeps for continuations.
 MAX_CACHED = 64
 
@@ -64,16 +62,6 @@ AGE_LIMIT_CODE = "websocket_connection_limit_reached"
 
 class SocketClosed(Exception):
     """The client went away: nothing more can be sent."""
-
-
-@dataclass(frozen=True)
-class SocketLimits:
-    """What one socket may hold: responses waiting or running, busy lanes, and its age
-    in seconds."""
-
-    active_responses: int = DEFAULT_ACTIVE_RESPONSES
-    streams: int = DEFAULT_STREAMS
-    max_age: float = DEFAULT_MAX_AGE_SECS
 
 
 def error_event(exc: APIError, stream_id: str | None = None) -> dict[str, Any]:
