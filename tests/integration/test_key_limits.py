@@ -16,9 +16,9 @@ import pytest
 
 from tests.support.sdk_types import strict_response
 from tests.support.servers import MODEL_ID, RespdServer, start_server
+from tests.support.websocket import turn
 
 KEY_A, KEY_B = "sk-alice-1", "sk-bob-2"
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 LONG = "Write a long story about a lighthouse keeper."
 
 
@@ -52,13 +52,7 @@ def client(server: RespdServer, key: str) -> openai.OpenAI:
 
 
 def _turn(conn: Any, **body: Any) -> list[Any]:
-    conn.send({"type": "response.create", "model": MODEL_ID, **body})
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type in TERMINAL:
-            return events
-    raise AssertionError("the socket closed before a terminal event")
+    return turn(conn, MODEL_ID, **body)
 
 
 def _finished(sdk: openai.OpenAI, rid: str, timeout: float = 120) -> str:

@@ -14,18 +14,11 @@ import pytest
 
 from tests.support.sdk_types import strict_response
 from tests.support.servers import MODEL_ID, RespdServer, start_server
-
-TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
+from tests.support.websocket import TERMINAL, turn
 
 
 def _turn(conn: Any, **body: Any) -> list[Any]:
-    conn.send({"type": "response.create", "model": MODEL_ID, **body})
-    events = []
-    for event in conn:
-        events.append(event)
-        if event.type in TERMINAL:
-            return events
-    raise AssertionError("the socket closed before a terminal event")
+    return turn(conn, MODEL_ID, **body)
 
 
 def test_one_socket_serves_a_store_false_chain(client: openai.OpenAI) -> None:

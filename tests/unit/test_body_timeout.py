@@ -10,10 +10,10 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from respd.header_timeout import header_timeout_protocol
+from tests.support.uvicorn_server import serving
 
 TIMEOUT = 0.6
 RATE = 2000  # bytes a second
@@ -36,21 +36,9 @@ async def _app(scope: Scope, receive: Receive, send: Send) -> None:
 
 @pytest.fixture(params=["httptools", "h11"])
 async def port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
-    config = uvicorn.Config(
-        _app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="off",
-        log_level="warning",
-        http=header_timeout_protocol(5.0, request.param, body_seconds=TIMEOUT, min_body_rate=RATE),
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield server.servers[0].sockets[0].getsockname()[1]
-    server.should_exit = True
-    await task
+    http = header_timeout_protocol(5.0, request.param, body_seconds=TIMEOUT, min_body_rate=RATE)
+    async with serving(_app, http=http) as port:
+        yield port
 
 
 def _head(length: int) -> bytes:

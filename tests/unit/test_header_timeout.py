@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from respd.header_timeout import header_timeout_protocol
+from tests.support.uvicorn_server import serving
 
 TIMEOUT = 0.5
 
@@ -28,22 +28,9 @@ async def _app(scope: Scope, receive: Receive, send: Send) -> None:
 
 @pytest.fixture(params=["httptools", "h11"])
 async def port(request: pytest.FixtureRequest) -> AsyncIterator[int]:
-    config = uvicorn.Config(
-        _app,
-        host="127.0.0.1",
-        port=0,
-        lifespan="off",
-        log_level="warning",
-        timeout_keep_alive=30,
-        http=header_timeout_protocol(TIMEOUT, request.param),
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    yield server.servers[0].sockets[0].getsockname()[1]
-    server.should_exit = True
-    await task
+    http = header_timeout_protocol(TIMEOUT, request.param)
+    async with serving(_app, timeout_keep_alive=30, http=http) as port:
+        yield port
 
 
 async def _closed(reader: asyncio.StreamReader) -> bytes:

@@ -14,7 +14,7 @@ import pytest
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
 from respd.service.tools.tool_search import Deferred, search
-from tests.support.fake import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL, created
 from tests.support.sdk_types import strict_event, strict_response
 
 ORDERS = {
@@ -74,14 +74,6 @@ def engine(script: Script) -> FakeEngine:
     return FakeEngine(respond=script.respond, model_id=FAKE_MODEL)
 
 
-async def _create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
-    r = await http.post("/v1/responses", json={"model": FAKE_MODEL, **body})
-    assert r.status_code == 200, r.text
-    data: dict[str, Any] = r.json()
-    strict_response(data)
-    return data
-
-
 def _shown(engine: FakeEngine, call: int = -1) -> list[str]:
     return [t.name for t in engine.calls[call].prompt.request.tools]
 
@@ -89,7 +81,7 @@ def _shown(engine: FakeEngine, call: int = -1) -> list[str]:
 async def test_deferred_tools_are_left_out_and_the_search_is_shown(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    data = await _create(http, input="hi", tools=TOOLS)
+    data = await created(http, input="hi", tools=TOOLS)
     assert data["status"] == "completed"
     assert _shown(engine) == ["lookup", "tool_search"]
     search_tool = engine.calls[-1].prompt.request.tools[-1]
@@ -144,14 +136,14 @@ async def test_tools_found_earlier_are_offered_on_a_chained_turn(
     http: httpx.AsyncClient, engine: FakeEngine, script: Script
 ) -> None:
     script.calls = [("tool_search", {"paths": ["get_weather"]})]
-    first = await _create(http, input="weather?", tools=TOOLS)
+    first = await created(http, input="weather?", tools=TOOLS)
     assert [i["type"] for i in first["output"]] == [
         "tool_search_call",
         "tool_search_output",
         "message",
     ]
     assert [t["name"] for t in first["output"][1]["tools"]] == ["get_weather"]
-    await _create(http, input="and tomorrow?", tools=TOOLS, previous_response_id=first["id"])
+    await created(http, input="and tomorrow?", tools=TOOLS, previous_response_id=first["id"])
     assert _shown(engine) == ["lookup", "tool_search", "get_weather"]
     messages = engine.calls[-1].prompt.request.messages
     assert [c.name for m in messages for c in m.tool_calls] == ["tool_search"]
@@ -162,7 +154,7 @@ async def test_a_client_search_returns_the_call_and_loads_what_the_client_sends(
 ) -> None:
     tools = [*TOOLS[:-1], {"type": "tool_search", "execution": "client"}]
     script.calls = [("tool_search", {"paths": ["crm"]})]
-    first = await _create(http, input="orders?", tools=tools)
+    first = await created(http, input="orders?", tools=tools)
     (call,) = first["output"]
     assert call["type"] == "tool_search_call" and call["execution"] == "client"
     assert call["call_id"] and call["arguments"] == {"paths": ["crm"]}
@@ -173,7 +165,7 @@ async def test_a_client_search_returns_the_call_and_loads_what_the_client_sends(
         "call_id": call["call_id"],
         "tools": [{**TOOLS[1], "tools": [ORDERS]}],
     }
-    await _create(http, input=[output], tools=tools, previous_response_id=first["id"])
+    await created(http, input=[output], tools=tools, previous_response_id=first["id"])
     assert _shown(engine) == ["lookup", "tool_search", "crm__list_open_orders"]
     last = engine.calls[-1].prompt.request.messages[-1]
     assert (last.role, last.tool_call_id) == ("tool", call["call_id"])
@@ -183,7 +175,7 @@ async def test_searches_stop_at_max_tool_calls(
     http: httpx.AsyncClient, engine: FakeEngine, script: Script
 ) -> None:
     script.calls = [("tool_search", {"query": "weather"})] * 3
-    data = await _create(http, input="weather?", tools=TOOLS, max_tool_calls=1)
+    data = await created(http, input="weather?", tools=TOOLS, max_tool_calls=1)
     assert [i["type"] for i in data["output"]][:2] == ["tool_search_call", "tool_search_output"]
     assert len(engine.calls) == 2
     assert "tool_search" not in _shown(engine, 1)  # searched enough: no longer offered
@@ -233,7 +225,7 @@ async def test_a_forced_search_holds_for_the_first_pass_only(
 ) -> None:
     script.calls = [("tool_search", {"query": "weather"})]
     choice = {"type": "function", "name": "tool_search"}
-    data = await _create(http, input="weather?", tools=TOOLS, tool_choice=choice)
+    data = await created(http, input="weather?", tools=TOOLS, tool_choice=choice)
     assert [i["type"] for i in data["output"]] == [
         "tool_search_call",
         "tool_search_output",
@@ -249,7 +241,7 @@ async def test_max_output_tokens_bounds_every_pass_together(
     script.calls = [("tool_search", {"query": "weather"})]
     first_call = len(json.dumps({"name": "tool_search", "arguments": {"query": "weather"}}))
     budget = first_call + 40  # the call's tags and JSON, then a little for the answer
-    data = await _create(http, input="weather?", tools=TOOLS, max_output_tokens=budget)
+    data = await created(http, input="weather?", tools=TOOLS, max_output_tokens=budget)
     assert len(engine.calls) == 2
     passes = [c.params.max_tokens for c in engine.calls]
     assert passes[0] == budget and passes[1] is not None and passes[1] < budget
@@ -265,13 +257,13 @@ async def test_two_searches_in_one_pass_each_get_their_output_in_order(
     ]
     text = "".join(f"<tool_call>\n{c}\n</tool_call>\n" for c in calls)
     script.calls = [("", {"text": text})]
-    first = await _create(http, input="both?", tools=TOOLS)
+    first = await created(http, input="both?", tools=TOOLS)
     kinds = [i["type"] for i in first["output"]]
     assert kinds == ["tool_search_call"] * 2 + ["tool_search_output"] * 2 + ["message"]
     found = [[t["name"] for t in i["tools"]] for i in first["output"][2:4]]
     assert found == [["get_weather"], ["crm"]]
     # replayed, each output answers its own search: the first the first
-    await _create(http, input="ok", tools=TOOLS, previous_response_id=first["id"])
+    await created(http, input="ok", tools=TOOLS, previous_response_id=first["id"])
     messages = engine.calls[-1].prompt.request.messages
     ids = [c.id for m in messages for c in m.tool_calls]
     answers = [m for m in messages if m.role == "tool"]

@@ -12,7 +12,7 @@ import pytest
 
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
-from tests.support.fake import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL, created
 from tests.support.sdk_types import strict_event, strict_response
 
 PATCH = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
@@ -64,14 +64,6 @@ def engine(caller: Caller) -> FakeEngine:
     return FakeEngine(respond=caller.respond, model_id=FAKE_MODEL)
 
 
-async def _create(http: httpx.AsyncClient, **body: Any) -> dict[str, Any]:
-    r = await http.post("/v1/responses", json={"model": FAKE_MODEL, **body})
-    assert r.status_code == 200, r.text
-    data: dict[str, Any] = r.json()
-    strict_response(data)
-    return data
-
-
 async def _stream(http: httpx.AsyncClient, **body: Any) -> list[dict[str, Any]]:
     r = await http.post("/v1/responses", json={"model": FAKE_MODEL, "stream": True, **body})
     assert r.status_code == 200, r.text
@@ -88,7 +80,7 @@ def _shown(engine: FakeEngine) -> list[str]:
 async def test_hosted_tools_are_left_out_and_the_rest_are_shown(
     http: httpx.AsyncClient, engine: FakeEngine
 ) -> None:
-    data = await _create(http, input="hi", tools=TOOLS)
+    data = await created(http, input="hi", tools=TOOLS)
     assert data["status"] == "completed"
     assert _shown(engine) == ["exec_command", "agents__spawn", "apply_patch", "local_shell"]
     # the tools echo as sent
@@ -99,12 +91,12 @@ async def test_a_namespace_call_names_its_function_and_namespace(
     http: httpx.AsyncClient, caller: Caller, engine: FakeEngine
 ) -> None:
     caller.name, caller.arguments = "agents__spawn", {"task": "look"}
-    first = await _create(http, input="hi", tools=TOOLS)
+    first = await created(http, input="hi", tools=TOOLS)
     (call,) = first["output"]
     assert (call["type"], call["name"], call["namespace"]) == ("function_call", "spawn", "agents")
     assert json.loads(call["arguments"]) == {"task": "look"}
     # answered, the call replays under the name the model was shown
-    await _create(
+    await created(
         http,
         previous_response_id=first["id"],
         tools=TOOLS,
@@ -134,7 +126,7 @@ async def test_a_custom_call_carries_its_input_text_and_streams_input_events(
     assert item.type == "custom_tool_call"
     assert (item.name, item.input) == ("apply_patch", PATCH)
     # its output answers it on the next turn; the prompt shows the call as the model wrote it
-    await _create(
+    await created(
         http,
         previous_response_id=final.id,
         tools=TOOLS,
@@ -150,11 +142,11 @@ async def test_a_local_shell_call_is_an_exec_action(
     http: httpx.AsyncClient, caller: Caller, engine: FakeEngine
 ) -> None:
     caller.name, caller.arguments = "local_shell", {"command": ["ls", "-la"]}
-    first = await _create(http, input="list", tools=TOOLS)
+    first = await created(http, input="list", tools=TOOLS)
     (item,) = first["output"]
     assert item["type"] == "local_shell_call"
     assert item["action"]["type"] == "exec" and item["action"]["command"] == ["ls", "-la"]
-    await _create(
+    await created(
         http,
         previous_response_id=first["id"],
         tools=TOOLS,
@@ -197,7 +189,7 @@ async def test_a_client_may_replay_the_items_of_a_history_it_keeps(
         },
         {"type": "local_shell_call_output", "id": "c3", "output": "/tmp"},
     ]
-    data = await _create(http, input=history, tools=TOOLS, store=False)
+    data = await created(http, input=history, tools=TOOLS, store=False)
     assert data["status"] == "completed"
     messages = engine.calls[-1].prompt.request.messages
     assert [c.name for m in messages for c in m.tool_calls] == [
@@ -212,7 +204,7 @@ async def test_forcing_a_custom_tool_constrains_the_call_to_it(
     http: httpx.AsyncClient, caller: Caller, engine: FakeEngine
 ) -> None:
     caller.name, caller.arguments = "apply_patch", {"input": PATCH}
-    await _create(
+    await created(
         http, input="edit", tools=TOOLS, tool_choice={"type": "custom", "name": "apply_patch"}
     )
     constraint = engine.calls[-1].prompt.request.constraint
@@ -287,7 +279,7 @@ async def test_shell_and_apply_patch_calls_come_back_as_their_own_items(
             "diff": "+hello",
         },
     )
-    second = await _create(http, previous_response_id=final.id, input=[output], tools=CLIENT_TOOLS)
+    second = await created(http, previous_response_id=final.id, input=[output], tools=CLIENT_TOOLS)
     tool_turn = engine.calls[-1].prompt.request.messages[-1]
     assert tool_turn.role == "tool" and tool_turn.text == "a.txt\n[exit code 0]"
     (patch,) = second["output"]
@@ -299,13 +291,13 @@ async def test_shell_and_apply_patch_calls_come_back_as_their_own_items(
         {k: patch[k] for k in ("type", "call_id", "operation", "status")},
         {"type": "apply_patch_call_output", "call_id": patch["call_id"], "status": "completed"},
     ]
-    await _create(http, input=history, tools=CLIENT_TOOLS)
+    await created(http, input=history, tools=CLIENT_TOOLS)
     messages = engine.calls[-1].prompt.request.messages
     assert [c.name for m in messages for c in m.tool_calls] == ["apply_patch"]
     assert messages[-1].text == "completed:"
     # a shell or apply_patch call can be forced
     caller.name, caller.arguments = "shell", {"commands": ["pwd"]}
-    forced = await _create(http, input="where", tools=CLIENT_TOOLS, tool_choice={"type": "shell"})
+    forced = await created(http, input="where", tools=CLIENT_TOOLS, tool_choice={"type": "shell"})
     assert forced["output"][0]["type"] == "shell_call"
     constraint = engine.calls[-1].prompt.request.constraint
     assert constraint is not None and [t.name for t in constraint.calls.tools] == ["shell"]
