@@ -37,10 +37,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
         "--api-keys-file", _keys(tmp),
         "--max-streams-per-key", "2",
         "--max-background-per-key", "2",
-        "--max-storage-bytes-per-key", "60000",
+        "--max-storage-bytes-per-key", "200000",  # above what the other tests store
         "--max-websockets-per-key", "2",
         "--max-websockets", "3",
         "--rate-limit-rpm", "60",
+        # A store of its own: a server sharing the session's sqlite file would recover, and
+        # so take over, the background jobs this one runs.
+        "--data-dir", str(tmp / "data"),
     )  # fmt: skip
     yield srv
     srv.stop()
@@ -106,16 +109,16 @@ def test_websocket_connection_caps(server: RespdServer) -> None:
 
 def test_storage_quota(server: RespdServer) -> None:
     bob = client(server, KEY_B)
-    kept = bob.files.create(file=("a.txt", b"x" * 40000), purpose="user_data")
+    kept = bob.files.create(file=("a.txt", b"x" * 150000), purpose="user_data")
     with pytest.raises(openai.APIStatusError) as refused:
-        bob.files.create(file=("b.txt", b"y" * 40000), purpose="user_data")
+        bob.files.create(file=("b.txt", b"y" * 60000), purpose="user_data")
     assert refused.value.status_code == 413
     assert refused.value.code == "storage_quota_exceeded"
     assert [f.id for f in bob.files.list()] == [kept.id]  # nothing stored by the refusal
     alice = client(server, KEY_A)
-    assert alice.files.create(file=("a.txt", b"x" * 40000), purpose="user_data").id
+    assert alice.files.create(file=("a.txt", b"x" * 60000), purpose="user_data").id
     bob.files.delete(kept.id)
-    assert bob.files.create(file=("b.txt", b"y" * 40000), purpose="user_data").id
+    assert bob.files.create(file=("b.txt", b"y" * 60000), purpose="user_data").id
 
 
 @pytest.fixture(scope="module")

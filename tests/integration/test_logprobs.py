@@ -26,6 +26,9 @@ from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 PROMPT = "What is the capital of France?"
 INCLUDE: list[Any] = ["message.output_text.logprobs"]
+# Greedy with no penalty (DRY is on by default for the embedded model): the sampled token is
+# then the most likely one, which the checks below rely on.
+GREEDY: dict[str, Any] = {"dry_multiplier": 0}
 TOL = 1e-3  # server vs in-process float paths (batched prefill, other matmul shapes)
 
 
@@ -57,6 +60,7 @@ def test_responses_logprobs_non_stream_and_stored(client: openai.OpenAI) -> None
         include=INCLUDE,
         top_logprobs=5,
         temperature=0,
+        extra_body=GREEDY,
         max_output_tokens=24,
     )
     assert resp.top_logprobs == 5
@@ -76,6 +80,7 @@ def test_responses_logprobs_stream(client: openai.OpenAI) -> None:
         include=INCLUDE,
         top_logprobs=3,
         temperature=0,
+        extra_body=GREEDY,
         max_output_tokens=24,
     ) as stream:
         events = list(stream)
@@ -101,12 +106,17 @@ def test_responses_logprobs_stream(client: openai.OpenAI) -> None:
 
 def test_responses_without_include_have_no_logprobs(client: openai.OpenAI) -> None:
     resp = client.responses.create(
-        model=MODEL_ID, input=PROMPT, top_logprobs=4, temperature=0, max_output_tokens=8
+        model=MODEL_ID,
+        input=PROMPT,
+        top_logprobs=4,
+        temperature=0,
+        extra_body=GREEDY,
+        max_output_tokens=8,
     )
     assert resp.top_logprobs == 4  # echoed, but logprobs need the include
     assert resp.output_text and part_logprobs(resp) == []
     with client.responses.stream(
-        model=MODEL_ID, input=PROMPT, temperature=0, max_output_tokens=8
+        model=MODEL_ID, input=PROMPT, temperature=0, extra_body=GREEDY, max_output_tokens=8
     ) as stream:
         deltas = [e for e in stream if isinstance(e, ResponseTextDeltaEvent)]
     assert deltas and all(d.logprobs == [] for d in deltas)
@@ -123,7 +133,12 @@ def test_responses_top_logprobs_out_of_range_is_400(client: openai.OpenAI, value
 
 def test_responses_top_logprobs_zero_gives_sampled_token_only(client: openai.OpenAI) -> None:
     resp = client.responses.create(
-        model=MODEL_ID, input=PROMPT, include=INCLUDE, temperature=0, max_output_tokens=6
+        model=MODEL_ID,
+        input=PROMPT,
+        include=INCLUDE,
+        temperature=0,
+        extra_body=GREEDY,
+        max_output_tokens=6,
     )
     assert resp.top_logprobs == 0
     check_logprobs(part_logprobs(resp), resp.output_text, 0)
@@ -196,6 +211,7 @@ def test_first_token_logprob_matches_the_engine(
         include=INCLUDE,
         top_logprobs=5,
         temperature=0,
+        extra_body=GREEDY,
         max_output_tokens=1,
     )
     assert resp.usage is not None and resp.usage.input_tokens == len(prompt_tokens)
@@ -228,6 +244,7 @@ def test_chat_logprobs_non_stream(client: openai.OpenAI) -> None:
         logprobs=True,
         top_logprobs=4,
         temperature=0,
+        extra_body=GREEDY,
         max_tokens=24,
     )
     choice = out.choices[0]
@@ -250,6 +267,7 @@ def test_chat_logprobs_stream(client: openai.OpenAI) -> None:
             logprobs=True,
             top_logprobs=2,
             temperature=0,
+            extra_body=GREEDY,
             max_tokens=24,
             stream=True,
             stream_options={"include_usage": True},
@@ -280,7 +298,13 @@ def test_chat_logprobs_with_stop_cover_the_text_before_it(client: openai.OpenAI)
     assert len(full) > 12
     stop = full[8:11]
     cut = client.chat.completions.create(
-        model=MODEL_ID, messages=messages, max_tokens=40, temperature=0, stop=[stop], logprobs=True
+        model=MODEL_ID,
+        messages=messages,
+        max_tokens=40,
+        temperature=0,
+        extra_body=GREEDY,
+        stop=[stop],
+        logprobs=True,
     )
     content = cut.choices[0].message.content or ""
     assert content == full[: full.index(stop)]
@@ -337,6 +361,7 @@ def test_grammar_constrained_text_has_raw_logprobs(client: openai.OpenAI) -> Non
         include=INCLUDE,
         top_logprobs=3,
         temperature=0,
+        extra_body=GREEDY,
         max_output_tokens=32,
         text={"format": {"type": "json_schema", "name": "answer", "schema": schema}},
     )
@@ -361,6 +386,7 @@ def test_tool_paths_give_logprobs_only_to_message_text(
         include=INCLUDE,
         top_logprobs=2,
         temperature=0,
+        extra_body=GREEDY,
         max_output_tokens=48,
     )
     assert resp.usage is not None

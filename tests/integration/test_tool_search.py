@@ -62,7 +62,7 @@ def test_a_hosted_search_runs_here_and_the_response_goes_on(client: openai.OpenA
         tools=tools,  # type: ignore[arg-type]
         tool_choice=FORCE_SEARCH,  # type: ignore[arg-type]
         temperature=0,
-        max_output_tokens=120,
+        max_output_tokens=400,  # room for several searches in the forced pass, then the answer
     ) as stream:
         for event in stream:
             events.append(strict_event(event.model_dump(mode="json")))

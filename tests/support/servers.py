@@ -87,7 +87,10 @@ def start_server(
     port = free_port()
     log_path = tmp_dir / f"respd-{port}.log"
     cmd = [sys.executable, "-m", "respd", "serve", "--port", str(port), *args]
-    full_env = {**os.environ, **(env or {})}
+    # Two decode threads unless the test or the caller's environment says otherwise: the
+    # suite's machines have two cores, and the server's own default (the cores less one)
+    # is for hosts where other work runs beside it.
+    full_env = {"RESPD_THREADS": "2", **os.environ, **(env or {})}
     log_file = log_path.open("wb")
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
     server = RespdServer(port, proc, log_path, list(args))

@@ -83,7 +83,12 @@ async def health(request: Request) -> JSONResponse:
     stats = {e.model_id: e.stats() for e in engines}
     gate = request.app.state.runs.gate  # requests waiting for a slot wait there
     if gate is not None:
-        stats = {m: replace(s, queued=s.queued + gate.queued(m)) for m, s in stats.items()}
+        stats = {
+            m: replace(
+                s, queued=s.queued + gate.queued(m), cancelled=s.cancelled + gate.cancelled(m)
+            )
+            for m, s in stats.items()
+        }
     healthy = all(s.healthy for s in stats.values())
     first = engines[0]
     body: dict[str, Any] = {

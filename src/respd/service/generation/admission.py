@@ -33,6 +33,7 @@ class _Engine:
 
     slots: int
     running: int = 0
+    cancelled: int = 0  # requests cancelled before their turn: the engine never saw them
     waiting: OrderedDict[str, deque[weakref.ref[_GatedStream]]] = field(default_factory=OrderedDict)
 
     def queued(self) -> int:
@@ -60,6 +61,10 @@ class AdmissionGate:
         """Requests waiting for a slot (of one engine, or of all)."""
         states = self._engines.values() if engine_id is None else [self._engine(engine_id)]
         return sum(s.queued() for s in states)
+
+    def cancelled(self, engine_id: str) -> int:
+        """Requests for one engine cancelled while they waited for a slot."""
+        return self._engine(engine_id).cancelled
 
     def open(
         self, engine_id: str, start: Callable[[], GenerationStream], prompt_tokens: int
@@ -177,8 +182,7 @@ class _GatedStream:
         if self._inner is not None:
             self._inner.cancel()
             return
-        self._cancelled = True
-        self.gate._withdraw(self)
+        self._cancel_waiting()
         self._turn.set()
 
     async def aclose(self) -> None:
@@ -186,10 +190,15 @@ class _GatedStream:
             if self._inner is not None:
                 await self._inner.aclose()
             else:
-                self._cancelled = True
-                self.gate._withdraw(self)
+                self._cancel_waiting()
         finally:
             self._give_back()
+
+    def _cancel_waiting(self) -> None:
+        if not self._cancelled and not self._ended:
+            self.state.cancelled += 1
+        self._cancelled = True
+        self.gate._withdraw(self)
 
     def __del__(self) -> None:  # a stream dropped unread still frees its slot
         self._give_back()
