@@ -91,7 +91,7 @@ def test_a_hosted_search_runs_here_and_the_response_goes_on(client: openai.OpenA
     assert "response.function_call_arguments.delta" not in types  # a search streams no args
     added = [e.item.type for e in events if e.type == "response.output_item.added"]
     assert added == [o.type for o in done.output]
-    assert done.usage is not None and 0 < done.usage.output_tokens <= 120  # all passes
+    assert done.usage is not None and 0 < done.usage.output_tokens <= 400  # all passes
 
 
 def test_a_client_search_loads_the_tools_the_client_returns(client: openai.OpenAI) -> None:
