@@ -54,6 +54,10 @@ def codex_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServ
         # Past its tool call the small model may ramble; this bounds how long.
         "--max-output-tokens",
         "200",
+        # The flows were measured with plain greedy decoding: with DRY the 135M model
+        # rambles past the tool's output into the bound, and Codex stops at an incomplete turn.
+        "--dry-multiplier",
+        "0",
         "--data-dir",
         str(tmp_path_factory.mktemp("respd-codex-data")),
         "--state-key",
