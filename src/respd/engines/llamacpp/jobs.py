@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import Any
 
 from respd.engines.base import GenerationDone, GenerationEvent, SamplingParams
+from respd.engines.llamacpp.closing import Closer
 from respd.engines.llamacpp.multimodal import ImageChunk
 from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
 from respd.engines.llamacpp.sampler import GrammarCheckedSampler
@@ -53,6 +54,10 @@ class Job:
     # The sampler chain starts with a block on end-of-generation tokens (`ignore_eos`,
     # `min_tokens`); for `min_tokens` it comes off once that many tokens are out.
     eog_blocked: bool = False
+    # Closes its grammar's value before its limit cuts it (see `closing.py`); once that
+    # overrode the model's choice, the job ends as cut by the limit, whatever ends it.
+    closer: Closer | None = None
+    closed_early: bool = False
     # Prompt-lookup speculation: the history's n-gram index (built at the first draft) and
     # the draft decoded after `next_token` this step, which the samples then verify.
     lookup: NgramLookup | None = None

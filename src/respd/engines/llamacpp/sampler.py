@@ -84,6 +84,31 @@ class GrammarCheckedSampler:
         llama_cpp.llama_sampler_accept(self._grammar, token)
         return token
 
+    @property
+    def grammar(self) -> Any:
+        """The grammar sampler (a llama.cpp pointer), for `closing.Closer` to clone."""
+        return self._grammar
+
+    def sample_closing(self, ctx: Any, idx: int, preference: np.ndarray) -> tuple[int, bool]:
+        """The token at `idx` that most closes the grammar's value: among the tokens the
+        grammar allows, those of the highest `preference` (see `closing.ClosingVocab`), of
+        them the model's likeliest. Also whether that differs from the model's own first
+        choice among the allowed tokens (the budget, not the model, chose it)."""
+        assert self._all is not None
+        logits = llama_cpp.llama_get_logits_ith(ctx, idx)
+        self._all.copy_logits(np.ctypeslib.as_array(logits, shape=(self._n_vocab,)))
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._all.candidates))
+        scores = self._all.candidates_data.logit  # the disallowed at -inf; ids in order
+        allowed = np.isfinite(scores)
+        if not allowed.any():  # nothing fits: let the usual path report it
+            return self.sample(ctx, idx), False
+        own = int(np.argmax(scores))
+        best = preference[allowed].max()
+        token = int(np.argmax(np.where(allowed & (preference == best), scores, -np.inf)))
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return token, token != own
+
     def close(self) -> None:
         if self._grammar:
             llama_cpp.llama_sampler_free(self._grammar)

@@ -28,6 +28,7 @@ from respd.engines.base import (
     TokenChunk,
 )
 from respd.engines.defaults import ImageEncode
+from respd.engines.llamacpp.closing import Closer, ClosingVocab
 from respd.engines.llamacpp.jobs import Job
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector
@@ -234,6 +235,7 @@ class DecodeWorker:
                     job.grammar = GrammarCheckedSampler(
                         job.sampler, self._vocab, job.grammar_text, self._model.n_vocab()
                     )
+                    job.closer = self._closer(job.grammar_text)
             except Exception as exc:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)
@@ -421,12 +423,18 @@ class DecodeWorker:
         if job.limit <= 0:
             self._finish(job, "length")
             return
-        if job.grammar is not None:
+        left = job.limit - job.produced
+        if job.grammar is not None and job.closer is not None and job.closer.due(job.grammar, left):
+            token, forced = job.grammar.sample_closing(
+                self._ctx.ctx, idx, self._closing_vocab.preference
+            )
+            job.closed_early |= forced
+        elif job.grammar is not None:
             token = job.grammar.sample(self._ctx.ctx, idx)
         else:
             token = llama_cpp.llama_sampler_sample(job.sampler, self._ctx.ctx, idx)
         if self._is_stop(token):
-            self._finish(job, "stop")
+            self._finish(job, "length" if job.closed_early else "stop")
             return
         job.produced += 1
         self._lift_eog_block(job)
@@ -450,6 +458,19 @@ class DecodeWorker:
         if job.eog_blocked and not job.params.ignore_eos and job.produced >= job.params.min_tokens:
             llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(job.sampler, 0))
             job.eog_blocked = False
+
+    @cached_property
+    def _closing_vocab(self) -> ClosingVocab:
+        pieces = [self._model.detokenize([t], special=False) for t in range(self._model.n_vocab())]
+        eog = min(t for t in self._eog_ids if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        return ClosingVocab.of(pieces, eog)
+
+    def _closer(self, grammar: str) -> Closer:
+        return Closer(
+            self._closing_vocab,
+            grammar,
+            lambda text: self._model.tokenize(text.encode(), add_bos=False, special=False),
+        )
 
     @cached_property
     def _logprob_reader(self) -> LogprobReader:
