@@ -38,7 +38,7 @@ def closing_vocab() -> ClosingVocab:
     buf = (ctypes.c_char * 64)()
     for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
         n = llama_cpp.llama_token_to_piece(vocab, token, buf, 64, 0, False)
-        pieces.append(bytes(buf[: max(n, 0)]))
+        pieces.append(buf.raw[: max(n, 0)])
     return ClosingVocab.of(pieces, llama_cpp.llama_vocab_eos(vocab))
 
 
