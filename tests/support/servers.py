@@ -26,6 +26,7 @@ PRESETS: dict[str, tuple[str, ...]] = {
     "compact": ("--ctx-size", "1024", "--threads", "2"),
 }
 _5XX = re.compile(r'" (5\d\d) ')
+CONTEXT_END = "generation stopped: context end"  # what the server logs for such a turn
 
 
 def free_port() -> int:
@@ -42,6 +43,9 @@ class RespdServer:
     process: subprocess.Popen[bytes]
     log_path: Path
     args: list[str] = field(default_factory=list)
+    # A turn that fills the context window fails the test that stops the server, unless
+    # the test is about one.
+    context_end_ok: bool = False
 
     @property
     def base_url(self) -> str:
@@ -66,6 +70,13 @@ class RespdServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if not self.context_end_ok:
+            self.assert_no_context_end()
+
+    def assert_no_context_end(self) -> None:
+        """No turn ran until the context window was full (the runaway guards bound them)."""
+        ends = [line for line in self.log().splitlines() if CONTEXT_END in line]
+        assert not ends, "a turn ran to the context end:\n" + "\n".join(ends)
 
     def assert_no_5xx(self, *, allow_503: bool = False) -> None:
         """No 5xx answers and no tracebacks (503 overload answers only where a test asks)."""
@@ -79,7 +90,11 @@ class RespdServer:
 
 
 def start_server(
-    tmp_dir: Path, *args: str, preset: str | None = None, env: dict[str, str] | None = None
+    tmp_dir: Path,
+    *args: str,
+    preset: str | None = None,
+    env: dict[str, str] | None = None,
+    context_end_ok: bool = False,
 ) -> RespdServer:
     """`respd serve` with the preset's flags (if any), then `args`, once it answers /health."""
     if preset is not None:
@@ -93,7 +108,7 @@ def start_server(
     full_env = {"RESPD_THREADS": "2", **os.environ, **(env or {})}
     log_file = log_path.open("wb")
     proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=full_env)
-    server = RespdServer(port, proc, log_path, list(args))
+    server = RespdServer(port, proc, log_path, list(args), context_end_ok)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:

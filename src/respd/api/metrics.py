@@ -120,7 +120,8 @@ class MediaCacheCollector(Collector):
 
 
 class LoopCollector(Collector):
-    """Turns the repetition stop ended (their output looped), read at scrape time."""
+    """Turns the repetition stop ended (their output looped) and turns the context window
+    ended, read at scrape time."""
 
     def __init__(self, runs: ActiveRuns) -> None:
         self.runs = runs
@@ -134,6 +135,14 @@ class LoopCollector(Collector):
         for api, count in self.runs.looped.items():
             family.add_metric([api], count)
         yield family
+        ends = CounterMetricFamily(
+            "respd_context_end_stops",
+            "Turns ended as incomplete because they filled the context window.",
+            labels=["api"],
+        )
+        for api, count in self.runs.context_ends.items():
+            ends.add_metric([api], count)
+        yield ends
 
 
 class Metrics:

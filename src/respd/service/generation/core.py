@@ -222,6 +222,12 @@ class Run:
         if self._runs is not None:
             self._runs.looped[api] += 1
 
+    def ran_to_context_end(self, api: Api, tokens: int) -> None:
+        """The turn filled the context window: nothing but the window ended it."""
+        log.warning("generation stopped: context end (%d tokens in the window)", tokens)
+        if self._runs is not None:
+            self._runs.context_ends[api] += 1
+
 
 class ActiveRuns:
     """The generations running in this server, so a shutdown can let them finish within a
@@ -242,6 +248,7 @@ class ActiveRuns:
         self.observer = observer
         self.output = output or OutputPolicy()
         self.looped: dict[Api, int] = {"responses": 0, "chat": 0}  # turns the loop stop ended
+        self.context_ends: dict[Api, int] = {"responses": 0, "chat": 0}  # turns the window ended
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -368,6 +375,10 @@ async def _events(
             done = _ended_early(prepared, produced, ended, reader.looped)
             if reader.looped:
                 progress.looped(spec.params.api)
+        window = engine.context_window
+        in_window = done.prompt_tokens + (done.completion_tokens or produced)
+        if done.finish_reason == "length" and window and in_window >= window:
+            progress.ran_to_context_end(spec.params.api, in_window)
         usage = Usage(
             input_tokens=done.prompt_tokens,
             output_tokens=done.completion_tokens or produced,

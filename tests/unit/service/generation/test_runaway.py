@@ -206,6 +206,28 @@ async def test_a_long_prompt_is_not_refused_for_the_default_cap(
     assert engine.calls[0].params.max_tokens == min(room, engine.context_window // 4)
 
 
+async def test_a_turn_that_fills_the_window_is_logged_and_counted(
+    engine: FakeEngine,
+    sdk: openai.AsyncOpenAI,
+    http: httpx.AsyncClient,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    window = engine.context_window
+    counting = [f"{i}, " for i in range(window)]  # no span repeats: no loop cuts it
+    engine.add(Reply(counting), Reply(counting))
+    capped = await sdk.responses.create(model=FAKE_MODEL, input="hi")  # the cap ends it
+    # A long prompt leaves less room than the cap: the window's end is what ends this one.
+    filled = await sdk.chat.completions.create(
+        model=FAKE_MODEL, messages=[{"role": "user", "content": "w" * (window * 4 // 5)}]
+    )
+    assert capped.status == "incomplete" and filled.choices[0].finish_reason == "length"
+    assert filled.usage is not None and filled.usage.total_tokens >= window
+    samples = await scrape(http)
+    assert value(samples, "respd_context_end_stops_total", api="responses") == 0
+    assert value(samples, "respd_context_end_stops_total", api="chat") == 1
+    assert caplog.text.count("generation stopped: context end") == 1
+
+
 # -- DRY ------------------------------------------------------------------------------------
 
 DRY = {
