@@ -459,3 +459,33 @@ def test_ws_failed_continuation_evicts_cache(client: openai.OpenAI) -> None:
         (gone,) = _ws_turn(conn, input=[known], store=False, previous_response_id=first["id"])
         assert gone["type"] == "error" and gone["status"] == 404
         assert gone["error"]["code"] == "previous_response_not_found"
+
+
+def test_ws_compact_new_chain(client: openai.OpenAI, http: httpx.Client) -> None:
+    """websocket-compact-new-chain: `/responses/compact`'s output handed back as it came,
+    as the input of a new WebSocket chain (no `previous_response_id`), answers completed."""
+    said = [
+        ("user", "input_text", "Remember the compaction code word: slate."),
+        ("assistant", "output_text", "OK."),
+        ("user", "input_text", "Compress this conversation for later continuation."),
+    ]
+    history = [
+        {"type": "message", "role": role, "content": [{"type": part, "text": text}]}
+        for role, part, text in said
+    ]
+    r = http.post("/v1/responses/compact", json={"model": MODEL_ID, "input": history})
+    assert r.status_code == 200, r.text
+    compacted = r.json()
+    errors = schema_errors(compacted, "#/components/schemas/CompactResource")
+    assert not errors, errors[:5]
+    assert compacted["output"][-1]["type"] == "compaction"
+    follow = {
+        "type": "message",
+        "role": "user",
+        "content": "Continue from here. Reply with exactly: compacted",
+    }
+    with client.responses.connect() as conn:
+        events = _ws_turn(conn, input=[*compacted["output"], follow], store=False, tools=[])
+        final = _ws_events_valid(events)
+    assert finished(final) and final["output"]
+    assert final["previous_response_id"] is None

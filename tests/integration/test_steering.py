@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 from openai.types.responses import ResponsesServerEvent
+from openai.types.responses.response_steer_accepted_event import Steer as AcceptedSteer
 from pydantic import TypeAdapter
 
 from tests.support.sdk_types import strict_response
@@ -38,6 +40,8 @@ def _final(event: Any) -> Any:
 # A long prompt: its prefill outlasts the steer's trip, so the steer lands before the
 # answer's first token.
 NOTES = "Summarize these notes.\n" + "The meeting covered budgets, hiring and the roadmap. " * 50
+# Another, for the HTTP case: a prefix the WebSocket case cached would make its prefill fast.
+MINUTES = "Summarize these minutes.\n" + "The review covered costs, staffing and the plan. " * 50
 
 
 def test_a_steered_response_stops_and_its_successor_takes_the_input(
@@ -99,7 +103,7 @@ def test_input_waits_while_a_tool_call_is_owed(client: openai.OpenAI) -> None:
         events = _until(conn, TERMINAL)
         assert [e.type for e in events].count("response.steer.accepted") == 1
         done = _final(events[-1])
-        assert done.status == "completed"  # a call the client owes is never cut
+        assert done.status == "completed", done.output  # a call the client owes is never cut
         (call,) = [o for o in done.output if o.type == "function_call"]
         (pending,) = _until(conn, {"response.steer.pending"})
         assert pending.reason == "waiting_for_required_input"
@@ -127,3 +131,53 @@ def test_input_waits_while_a_tool_call_is_owed(client: openai.OpenAI) -> None:
         conn.response.steer(previous_response_id=first, input="Anything?")
         (failed,) = _until(conn, {"response.steer.failed"})
         assert failed.error.code == "response_not_found" and failed.steer.input == "Anything?"
+
+
+def test_an_http_stream_is_steered_by_post(client: openai.OpenAI) -> None:
+    """Over HTTP: `POST /v1/responses/{id}/steer` reaches a response streaming on another
+    request; its stream then carries the acceptance, the steered end, and the successor."""
+    stream = client.responses.create(
+        model=MODEL_ID, input=MINUTES, max_output_tokens=200, stream=True
+    )
+    events = iter(stream)
+    created = next(events)
+    assert created.type == "response.created"
+    first = created.response.id
+    with httpx.Client(base_url=str(client.base_url), timeout=60) as http:
+        r = http.post(f"responses/{first}/steer", json={"input": "Just say: done."})
+        assert r.status_code == 200, r.text
+        accepted = AcceptedSteer.model_validate(r.json())
+        assert accepted.previous_response_id == first and accepted.id.startswith("steer_")
+        rest = [
+            EVENTS.validate_python(e.model_dump(mode="json", exclude_unset=True)) for e in events
+        ]
+        types = [e.type for e in rest]
+        (notice,) = [e for e in rest if e.type == "response.steer.accepted"]
+        assert notice.steer.id == accepted.id
+        # the steered response ends, then its successor runs in the same stream
+        ends = [i for i, t in enumerate(types) if t in TERMINAL]
+        assert len(ends) == 2 and types[ends[0] + 1] == "response.created"
+        steered = strict_response(rest[ends[0]].response.model_dump(mode="json"))
+        assert steered.id == first and steered.status == "incomplete"
+        assert steered.incomplete_details and steered.incomplete_details.reason == "steered"
+        successor = strict_response(rest[-1].response.model_dump(mode="json"))
+        assert successor.previous_response_id == first and successor.output_text
+        # stored as any response: the steered one and its successor, readable over HTTP
+        assert client.responses.retrieve(first).incomplete_details.reason == "steered"  # type: ignore[union-attr]
+        items = client.responses.input_items.list(successor.id).data
+        assert [i.content[0].text for i in items] == ["Just say: done."]  # type: ignore[union-attr]
+        # refusals are OpenAI errors with the steering code and a fitting status
+        done = http.post(f"responses/{first}/steer", json={"input": "More."})
+        assert done.status_code == 409
+        assert done.json()["error"]["code"] in ("response_already_completed", "response_not_active")
+        missing = http.post("responses/resp_nothing/steer", json={"input": "Hi."})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "response_not_found"
+        whole = client.responses.create(model=MODEL_ID, input="Hi.", max_output_tokens=8)
+        unstreamed = http.post(f"responses/{whole.id}/steer", json={"input": "Hi."})
+        assert unstreamed.status_code == 404  # a response returned whole has no stream to steer
+        bad = http.post(
+            f"responses/{first}/steer",
+            json={"input": [{"role": "assistant", "content": "No."}]},
+        )
+        assert bad.status_code in (400, 409)

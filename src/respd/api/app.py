@@ -40,6 +40,7 @@ from respd.service.generation.policy import OutputPolicy
 from respd.service.limits import InputLimits
 from respd.service.media.resolver import MediaResolver, MediaSettings
 from respd.service.models import ModelRegistry
+from respd.service.responses.http_steering import SteerableStreams
 from respd.service.responses.service import ResponsesService
 from respd.service.responses.socket_limits import SocketLimits
 from respd.service.sealing import Sealer
@@ -195,6 +196,7 @@ def create_app(
     app.state.sse_keepalive = sse_keepalive
     app.state.responses = services.responses
     app.state.stored = services.responses.stored
+    app.state.steerable = SteerableStreams(services.responses)
     app.state.conversations = services.conversations
     app.state.files = services.files
     app.state.media_cache = services.media.cache

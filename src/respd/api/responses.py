@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from openai.types.responses import ResponseStreamEvent
 
-from respd.api.body import parse_body
+from respd.api.body import load_json, parse_body, validate_object
 from respd.api.identity import owner_of
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
@@ -21,6 +21,7 @@ from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
 from respd.service.responses.compaction import CompactRequest
+from respd.service.responses.http_steering import SteerableStreams
 from respd.service.responses.service import Answer, EventStream, ResponsesService
 from respd.service.responses.stored import StoredResponses
 from respd.store.base import JSON
@@ -117,13 +118,37 @@ def _framed(
 @router.post("/responses", include_in_schema=False)
 async def create_response(request: Request) -> Response:
     service = _service(request)
-    body = await parse_body(request, CreateResponseRequest)
     owner = owner_of(request)
+    raw = await request.body()
+    data = load_json(raw) if raw else None
+    if isinstance(data, dict):  # steering input that waited for this continuation goes first
+        data = _steerable(request).unpark(owner, data)
+    body = validate_object(data, CreateResponseRequest, request.url.path)
     if body.stream:  # the service holds the caller's stream slot until the events close
         created = await service.create(body, owner)
+        if isinstance(created, EventStream) and not body.background:
+            assert isinstance(data, dict)
+            created.events = _steerable(request).events(owner, data, body, created, _validate)
         return _framed(request, created, getattr(created, "release", None))
     created = await service.create(body, owner, until=lambda work: until_disconnect(request, work))
     return _framed(request, created)
+
+
+@router.post("/v1/responses/{response_id}/steer")
+@router.post("/responses/{response_id}/steer", include_in_schema=False)
+async def steer_response(request: Request, response_id: str) -> dict[str, Any]:
+    raw = await request.body()
+    body = load_json(raw) if raw else None
+    return _steerable(request).steer(owner_of(request), response_id, body)
+
+
+def _steerable(request: Request) -> SteerableStreams:
+    steerable: SteerableStreams = request.app.state.steerable
+    return steerable
+
+
+def _validate(data: JSON) -> CreateResponseRequest:
+    return validate_object(data, CreateResponseRequest, "/v1/responses")
 
 
 @router.post("/v1/responses/compact")

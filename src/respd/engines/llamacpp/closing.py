@@ -11,6 +11,8 @@ with `GrammarCheckedSampler.sample_closing`: the most closing token the model ra
 
 The estimate stops at `CLOSING_MAX` steps: a grammar it cannot close by then (a thinking
 block still open, a schema with many required properties) is left to the limit, as before.
+Only answers close early: a tool call closed with made-up arguments would look whole to a
+client that runs it, so a call the limit cuts stays cut (and `incomplete`).
 """
 
 from __future__ import annotations

@@ -444,6 +444,7 @@ class LlamaCppEngine:
         return its event stream; closing the stream cancels the request. `retain`: the
         slot's KV, once saved to the tiers, goes after every other entry there."""
         spans = self._image_spans(prompt.tokens, prompt.images)
+        constraint = prompt.request.constraint
         job = Job(
             list(prompt.tokens),
             params,
@@ -454,6 +455,8 @@ class LlamaCppEngine:
             outbox=self._worker.outbox,
             images=spans,
             retain=retain,
+            # An answer closes before the limit cuts it; a call never does (see closing.py).
+            closes=constraint is not None and constraint.calls is None,
         )
         self._worker.admit(job)
         return JobStream(job, self._worker.release)

@@ -42,6 +42,7 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     # Its KV goes after every other saved state (`prompt_cache_retention` "24h").
     retain: bool = False
+    closes: bool = False  # its grammar's value may be closed before its limit
     # Set by the worker while the job runs:
     slot: Slot | None = None
     sampler: ctypes.c_void_p | None = None

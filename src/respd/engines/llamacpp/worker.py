@@ -235,7 +235,8 @@ class DecodeWorker:
                     job.grammar = GrammarCheckedSampler(
                         job.sampler, self._vocab, job.grammar_text, self._model.n_vocab()
                     )
-                    job.closer = self._closer(job.grammar_text)
+                    if job.closes:
+                        job.closer = self._closer(job.grammar_text)
             except Exception as exc:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)

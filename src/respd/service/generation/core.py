@@ -371,7 +371,9 @@ async def _events(
         except Exception as exc:  # the engine broke: the adapters end honestly
             log.exception("generation raised")
             done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
-        if done is None or (ended and done.finish_reason == "cancelled"):
+        # A stop sequence or a repeated call that ended the turn is its end, whatever the
+        # engine reported for the tokens past it (cancelled, or cut at the limit).
+        if done is None or (ended and done.finish_reason in ("cancelled", "length")):
             done = _ended_early(prepared, produced, ended, reader.looped)
             if reader.looped:
                 progress.looped(spec.params.api)

@@ -53,10 +53,11 @@ _STUBS = {
 class SteerRefused(Exception):
     """A steer that cannot be queued, with its steering error code."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, shown: str | list[JSON] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.shown = shown  # the input as the refusal hands it back, where it is known
 
 
 @dataclass
@@ -201,16 +202,22 @@ class SteeringDesk:
         raw_input = message.get("input")
         target_id = message.get("previous_response_id")
         try:
-            target_id, steer_input = check_steer(message)
-            target = self._reachable(target_id)
+            self.queue(message)
         except SteerRefused as exc:
-            return failed_event(exc.code, exc.message, _echo(raw_input), str(target_id or ""))
+            shown = exc.shown if exc.shown is not None else _echo(raw_input)
+            return failed_event(exc.code, exc.message, shown, str(target_id or ""))
+        return None
+
+    def queue(self, message: JSON) -> Steer:
+        """Queue a steer on its response (acknowledged in that response's stream), or
+        raise `SteerRefused`."""
+        target_id, steer_input = check_steer(message)
+        target = self._reachable(target_id)
         if len(target.queued) >= MAX_QUEUED:
-            return failed_event(
+            raise SteerRefused(
                 "too_many_pending_steers",
                 f"At most {MAX_QUEUED} steers may wait on one response.",
-                Steer("", target.id, steer_input).shown,
-                target.id,
+                shown=Steer("", target.id, steer_input).shown,
             )
         steer = Steer(new_id("steer"), target.id, steer_input)
         target.queued.append(steer)
@@ -220,7 +227,7 @@ class SteeringDesk:
             type="response.steer.accepted",
             steer={"id": steer.id, "previous_response_id": target.id},
         )
-        return None
+        return steer
 
     def _reachable(self, target_id: str) -> Target:
         target = self.targets.get(target_id)
@@ -238,7 +245,7 @@ class SteeringDesk:
                 "response_not_active", f"Response '{target_id}' no longer takes steering input."
             )
         raise SteerRefused(
-            "response_not_found", f"No response '{target_id}' is running on this connection."
+            "response_not_found", f"No response '{target_id}' is running here to steer."
         )
 
     def ended(self, target: Target) -> Outcome:
