@@ -36,7 +36,7 @@ async def prewarm(
     machine and its events (`created`, `in_progress`, `completed`; persisted before the
     last). A bad request raises before anything is warmed; a full engine is a 503."""
     prepared = await runner.prepare(req, owner)
-    generation = prepared.generation
+    generation = prepared.ready
     if runner.runs.draining:
         raise _unavailable("The server is shutting down; retry on another replica or shortly.")
     try:

@@ -25,6 +25,7 @@ from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
 from respd.service.media.lowering import Lowering, require_effective_input
 from respd.service.metadata import check_metadata
+from respd.service.responses.auto_compaction import PendingCompaction, compacting_events
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
@@ -35,7 +36,7 @@ from respd.service.responses.summary import (
     split_for_compaction,
     summarize,
 )
-from respd.service.responses.translate import check_item_shapes, input_to_messages, summary_turn
+from respd.service.responses.translate import check_item_shapes, input_to_messages
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
 from respd.service.tools.definitions import ToolRoute, responses_tool_choice
@@ -68,7 +69,8 @@ class Turn:
 class PreparedResponse(Turn):
     """Everything needed to run a response, computed before the first event."""
 
-    generation: PreparedGeneration = field(kw_only=True)
+    # None until a pending compaction (below) has made the prompt
+    generation: PreparedGeneration | None = field(kw_only=True)
     echo: dict[str, Any] = field(kw_only=True)
     routes: dict[str, ToolRoute] = field(default_factory=dict, kw_only=True)
     # set when reasoning is to carry `encrypted_content`
@@ -77,6 +79,8 @@ class PreparedResponse(Turn):
     lead: list[JSON] = field(default_factory=list, kw_only=True)
     # the deferred tools, when this server runs the model's tool searches
     search: SearchPlan | None = field(default=None, kw_only=True)
+    # automatic compaction, made in the response's stream before it generates
+    compaction: PendingCompaction | None = field(default=None, kw_only=True)
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
         """The event machine for this response: its echo, how its calls map back, whether
@@ -95,12 +99,13 @@ class PreparedResponse(Turn):
 
     @property
     def prompt_tokens(self) -> int:
-        return self.generation.prompt_tokens
+        return self.generation.prompt_tokens if self.generation is not None else 0
 
     @property
-    def messages(self) -> list[ChatMessage]:
-        """The conversation the prompt holds (after truncation)."""
-        return self.generation.prompt.messages
+    def ready(self) -> PreparedGeneration:
+        """The generation, which a prepare that compacts at once always has."""
+        assert self.generation is not None, "the compaction is still pending"
+        return self.generation
 
 
 TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -214,8 +219,12 @@ class ResponseRunner:
         )
         return history, await self.conversation(engine, owner, history, items, req.instructions)
 
-    async def prepare(self, req: CreateResponseRequest, owner: str) -> PreparedResponse:
-        """Everything up to the first event; raises (and stores nothing) on a bad request."""
+    async def prepare(
+        self, req: CreateResponseRequest, owner: str, *, stream_compaction: bool = False
+    ) -> PreparedResponse:
+        """Everything up to the first event; raises (and stores nothing) on a bad request.
+        With `stream_compaction`, an automatic compaction is left for `run` to make in the
+        response's stream; otherwise it is made now."""
         engine = self.checked_engine(req)
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         sampling = request_sampling(req)
@@ -253,7 +262,18 @@ class ResponseRunner:
             retain=cache.retain,
             params=Params(),
         )
-        generation, lead = await self._fit(engine, spec, req.context_management)
+        fitted = await self._fit(engine, spec, req.context_management)
+        generation: PreparedGeneration | None = None
+        pending: PendingCompaction | None = None
+        lead: list[JSON] = []
+        if not isinstance(fitted, PendingCompaction):
+            generation = fitted
+        elif stream_compaction:
+            pending = fitted
+        else:
+            summary = await summarize(engine, fitted.replaced, self.runs)
+            generation = await core.prepare(engine, fitted.compacted(summary.text))
+            lead = [compaction_item(self.sealer, summary.text)]
         echo = build_echo(req, sampling, engine, history.conversation_id)
         return PreparedResponse(
             req,
@@ -266,14 +286,15 @@ class ResponseRunner:
             sealer=self.sealer if ENCRYPTED_REASONING in (req.include or []) else None,
             lead=lead,
             search=offered.search if offered.search.hosted else None,
+            compaction=pending,
         )
 
     async def _fit(
         self, engine: Engine, spec: GenerationSpec, management: list[JSON] | None
-    ) -> tuple[PreparedGeneration, list[JSON]]:
+    ) -> PreparedGeneration | PendingCompaction:
         """The generation; with `context_management` compaction, a prompt over its
-        threshold (or over the context) first has the turns before its last user turn
-        replaced by the model's summary, whose compaction item leads the output."""
+        threshold (or over the context) instead gets the turns before its last user turn
+        replaced by the model's summary (see `auto_compaction.py`)."""
         threshold = compaction_threshold(management, engine.context_window)
         generation: PreparedGeneration | None = None
         try:
@@ -282,14 +303,11 @@ class ResponseRunner:
             if threshold is None:
                 raise
         if generation is not None and (threshold is None or generation.prompt_tokens <= threshold):
-            return generation, []
+            return generation
         parts = split_for_compaction(spec.messages)
         if parts is None:  # nothing to replace: as it is (or its error)
-            return generation or await core.prepare(engine, spec), []
-        system, replaced, kept = parts
-        summary = await summarize(engine, replaced, self.runs)
-        spec = replace(spec, messages=[*system, summary_turn(summary.text), *kept])
-        return await core.prepare(engine, spec), [compaction_item(self.sealer, summary.text)]
+            return generation or await core.prepare(engine, spec)
+        return PendingCompaction(engine, spec, *parts)
 
     async def conversation(
         self,
@@ -379,23 +397,42 @@ class ResponseRunner:
         self, prepared: PreparedResponse, machine: ResponseEventMachine | None = None
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         """Admit the generation now (a full engine is a 503 here, before any event) and
-        return the events; closing the iterator cancels the generation."""
-        generation = core.run(prepared.generation, self.runs)
+        return the events; closing the iterator cancels the generation. A pending
+        compaction is made first, in the stream; its answer is admitted after it."""
         machine = machine or prepared.machine()
+        pending = prepared.compaction
+        if pending is None:
+            return self._admitted(prepared, machine)
+
+        async def then(spec: GenerationSpec) -> AsyncGenerator[ResponseStreamEvent, None]:
+            prepared.generation = await core.prepare(pending.engine, spec)
+            prepared.compaction = None
+            return self._admitted(prepared, machine, started=True)
+
+        return compacting_events(machine, pending, self.runs, self.sealer, then)
+
+    def _admitted(
+        self, prepared: PreparedResponse, machine: ResponseEventMachine, *, started: bool = False
+    ) -> AsyncGenerator[ResponseStreamEvent, None]:
+        ready = prepared.ready
+        generation = core.run(ready, self.runs)
         if prepared.search is not None:
             cap = prepared.request.max_tool_calls  # counts hosted searches too
-            loop = SearchLoop(
-                prepared.generation.engine, prepared.generation.spec, self.runs, prepared.search
-            )
+            loop = SearchLoop(ready.engine, ready.spec, self.runs, prepared.search)
             loop.max_searches = min(loop.max_searches, cap or loop.max_searches)
-            return searching_events(machine, generation, prepared.lead, loop)
-        return self._events(machine, generation, prepared.lead)
+            return searching_events(machine, generation, prepared.lead, loop, started=started)
+        return self._events(machine, generation, prepared.lead, started=started)
 
     async def _events(
-        self, machine: ResponseEventMachine, generation: core.Run, lead: list[JSON]
+        self,
+        machine: ResponseEventMachine,
+        generation: core.Run,
+        lead: list[JSON],
+        *,
+        started: bool = False,
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         async with aclosing(generation):
-            for event in machine.start():
+            for event in [] if started else machine.start():
                 yield event
             for made in lead:
                 for event in machine.whole_item(made):

@@ -124,10 +124,16 @@ class SearchLoop:
 
 
 async def searching_events(
-    machine: ResponseEventMachine, first: core.Run, lead: list[JSON], loop: SearchLoop
+    machine: ResponseEventMachine,
+    first: core.Run,
+    lead: list[JSON],
+    loop: SearchLoop,
+    *,
+    started: bool = False,
 ) -> AsyncGenerator[ResponseStreamEvent, None]:
-    """The events of a response run in passes; `first` is the admitted first pass."""
-    for event in machine.start():
+    """The events of a response run in passes; `first` is the admitted first pass
+    (`started`: the machine has already sent its start)."""
+    for event in [] if started else machine.start():
         yield event
     for made in lead:
         for event in machine.whole_item(made):

@@ -168,7 +168,7 @@ class ResponsesService:
             run = await Compactor(self.runner).start(req, owner)
             turn, machine, events = run.turn, run.machine, run.events
         else:
-            prepared = await self.runner.prepare(req, owner)
+            prepared = await self.runner.prepare(req, owner, stream_compaction=True)
             if req.background:
                 job = await self.jobs.start(prepared, release)
                 if streamed:

@@ -9,11 +9,13 @@ from typing import Any
 import httpx
 import pytest
 
+from respd.api.app import create_app
 from respd.engines.base import Prompt, SamplingParams
 from respd.engines.fake import FakeEngine, Reply
 from respd.service.responses.text_items import summarize_reasoning
 from respd.service.responses.translate import SUMMARY_HEADER
 from respd.service.sealing import Sealer, Unsealable
+from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_compacted, strict_event, strict_response
 from tests.support.servers import TEMPLATES
@@ -277,6 +279,17 @@ async def test_context_management_compacts_a_prompt_past_its_threshold(
     final = strict_response(events[-1]["response"])
     assert final.status == "completed"
     assert [o.type for o in final.output][:1] == ["compaction"] and len(final.output) > 1
+    # the summary is made in the stream, as a compaction turn makes it: after the start
+    types = [e["type"] for e in events]
+    assert types[:5] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.compaction.compacting",
+        "response.output_item.done",
+    ]
+    assert events[2]["item"]["type"] == events[4]["item"]["type"] == "compaction"
+    assert types.count("response.created") == 1
     prompt = engine.calls[-1].prompt.request.messages
     assert [m.text for m in prompt if m.role == "user"] == [
         f"{SUMMARY_HEADER}\nThe user said hi; the assistant greeted.",
@@ -339,3 +352,33 @@ def test_a_concise_summary_keeps_the_opening_sentences() -> None:
     assert concise.startswith("First I look at the question.") and len(concise) <= 281
     assert summarize_reasoning(text, "detailed") == text.strip()
     assert summarize_reasoning("Short.", "concise") == "Short."
+
+
+async def test_a_summary_that_fails_in_the_stream_fails_the_response() -> None:
+    def respond(prompt: Prompt, params: SamplingParams) -> Reply:
+        if prompt.request.messages[0].text.startswith("You compact"):
+            return Reply(["The user"], finish="error", error="the engine broke")
+        return Reply(["Hello!"])
+
+    engine = FakeEngine(respond=respond, model_id=FAKE_MODEL)
+    app = create_app(engine, MemoryStore())
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "and now?"},
+    ]
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t"
+    ) as http:
+        r = await _post(http, "/v1/responses", input=history, stream=True, **COMPACT)
+        assert r.status_code == 200, r.text
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: ")]
+        for event in events:
+            strict_event(event)
+        final = strict_response(events[-1]["response"])
+        assert events[-1]["type"] == "response.failed" and final.error is not None
+        assert final.output == []  # the compaction item was taken back
+        # stored as it ended, failed, and never answered from a half-made prompt
+        stored = (await http.get(f"/v1/responses/{final.id}")).json()
+        assert stored["status"] == "failed"
+    assert len(engine.calls) == 1  # the summary only: no answer from a half-made prompt
