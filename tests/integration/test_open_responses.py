@@ -288,6 +288,20 @@ def test_context_management_compaction(http: httpx.Client) -> None:
     assert finished(body)
     assert body["output"][0]["type"] == "compaction" and len(body["output"]) > 1
     assert body["usage"]["input_tokens"] > 0
+    # streamed, the summary is made in the stream: the item, its progress, then the answer
+    events, final = _stream(
+        http,
+        input=history,
+        context_management=[{"type": "compaction", "compact_threshold": 20}],
+    )
+    types = [e["type"] for e in events]
+    assert types[2:5] == [
+        "response.output_item.added",
+        "response.compaction.compacting",
+        "response.output_item.done",
+    ]
+    assert events[4]["item"]["type"] == "compaction" and events[4]["item"]["encrypted_content"]
+    assert finished(final) and final["output"][0]["type"] == "compaction"
 
 
 @pytest.fixture(scope="module")
