@@ -222,8 +222,13 @@ class Run:
         if self._runs is not None:
             self._runs.looped[api] += 1
 
-    def ran_to_context_end(self, api: Api, tokens: int) -> None:
-        """The turn filled the context window: nothing but the window ended it."""
+    def check_window(
+        self, api: Api, done: GenerationDone, produced: int, window: int | None
+    ) -> None:
+        """Log and count a turn that filled the context window (nothing else ended it)."""
+        tokens = done.prompt_tokens + (done.completion_tokens or produced)
+        if done.finish_reason != "length" or not window or tokens < window:
+            return
         log.warning("generation stopped: context end (%d tokens in the window)", tokens)
         if self._runs is not None:
             self._runs.context_ends[api] += 1
@@ -328,15 +333,7 @@ async def _events(
     try:
         spec = prepared.spec
         engine = prepared.engine
-        reader = OutputReader(
-            engine.profile,
-            reasoning_open=prepared.prompt.reasoning_open,
-            tool_names=prepared.tool_names,
-            max_calls=prepared.max_calls,
-            stops=spec.sampling.stop,
-            logprobs=spec.sampling.logprobs is not None,
-            repetition_stop=progress.policy.repetition_stop,
-        )
+        reader = _reader(prepared, progress.policy)
         guard = RepeatGuard()
         done: GenerationDone | None = None
         produced = 0
@@ -377,10 +374,7 @@ async def _events(
             done = _ended_early(prepared, produced, ended, reader.looped)
             if reader.looped:
                 progress.looped(spec.params.api)
-        window = engine.context_window
-        in_window = done.prompt_tokens + (done.completion_tokens or produced)
-        if done.finish_reason == "length" and window and in_window >= window:
-            progress.ran_to_context_end(spec.params.api, in_window)
+        progress.check_window(spec.params.api, done, produced, engine.context_window)
         usage = Usage(
             input_tokens=done.prompt_tokens,
             output_tokens=done.completion_tokens or produced,
@@ -407,6 +401,19 @@ async def _events(
         )
     finally:
         progress.ended()
+
+
+def _reader(prepared: PreparedGeneration, policy: OutputPolicy) -> OutputReader:
+    spec = prepared.spec
+    return OutputReader(
+        prepared.engine.profile,
+        reasoning_open=prepared.prompt.reasoning_open,
+        tool_names=prepared.tool_names,
+        max_calls=prepared.max_calls,
+        stops=spec.sampling.stop,
+        logprobs=spec.sampling.logprobs is not None,
+        repetition_stop=policy.repetition_stop,
+    )
 
 
 def _ended_early(
