@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,15 +83,18 @@ def codex(
     request: pytest.FixtureRequest,
     codex_proxy: CaptureProxy,
     node_modules: Path,
-    tmp_path: Path,
 ) -> Iterator[tuple[Path, list[Captured]]]:
     """A Codex home configured for respd and an empty workspace; yields the workspace and
     (after the flow) what Codex sent."""
     marker = request.node.get_closest_marker("flow")
     assert marker is not None
     codex_proxy.flow = marker.args[1]
-    home, work = tmp_path / "codex-home", tmp_path / "work"
-    home.mkdir()
+    # One fixed path for every flow and run: Codex shows the model its working directory,
+    # and the greedy 135M model's reply then depends on nothing that changes between runs.
+    root = Path(tempfile.gettempdir()) / "respd-codex"
+    shutil.rmtree(root, ignore_errors=True)
+    home, work = root / "codex-home", root / "work"
+    home.mkdir(parents=True)
     work.mkdir()
     config = (CODEX_DIR / "config.toml").read_text()
     config = config.replace("{base_url}", codex_proxy.base_url("codex"))
