@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
@@ -127,22 +127,23 @@ class LoopCollector(Collector):
         self.runs = runs
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
+        yield _per_api(
             "respd_repetition_stops",
             "Turns ended as incomplete because their output repeated one span again and again.",
-            labels=["api"],
+            self.runs.looped,
         )
-        for api, count in self.runs.looped.items():
-            family.add_metric([api], count)
-        yield family
-        ends = CounterMetricFamily(
+        yield _per_api(
             "respd_context_end_stops",
             "Turns ended as incomplete because they filled the context window.",
-            labels=["api"],
+            self.runs.context_ends,
         )
-        for api, count in self.runs.context_ends.items():
-            ends.add_metric([api], count)
-        yield ends
+
+
+def _per_api(name: str, documentation: str, counts: Mapping[Api, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, documentation, labels=["api"])
+    for api, count in counts.items():
+        family.add_metric([api], count)
+    return family
 
 
 class Metrics:

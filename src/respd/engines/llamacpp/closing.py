@@ -91,8 +91,8 @@ class Closer:
     def __init__(
         self, vocab: ClosingVocab, grammar: str, tokenize: Callable[[str], list[int]]
     ) -> None:
-        spelled = {t for text in set(grammar_literals(grammar)) for t in tokenize(text)}
-        spelled |= {t for text in set(grammar_literals(grammar)) for t in tokenize(" " + text)}
+        spellings = {s for text in set(grammar_literals(grammar)) for s in (text, " " + text)}
+        spelled = {t for text in spellings for t in tokenize(text)}
         self._vocab = vocab
         self._ids = np.union1d(vocab.alphabet, np.fromiter(spelled, dtype=np.int64))
         self._ids = self._ids[self._ids < len(vocab.preference)]
