@@ -34,10 +34,10 @@ def _main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
     return int(exited.value.code or 0), out.out, out.err
 
 
-def test_version() -> None:
-    out = _run("--version")
-    assert out.returncode == 0
-    assert out.stdout.strip() == f"respd {__version__}"
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    status, stdout, _ = _main(capsys, "--version")
+    assert status == 0
+    assert stdout.strip() == f"respd {__version__}"
 
 
 def test_serve_help_documents_every_flag_and_env_var(capsys: pytest.CaptureFixture[str]) -> None:
