@@ -5,31 +5,65 @@ and every event are still validated by the SDK's own types."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-import httpx
-import openai
 import pytest
-from fastapi import FastAPI
 
-from respd.api.app import create_app
-from respd.engines.fake import FakeEngine
-from respd.store import MemoryStore
-from tests.support.fake import FAKE_MODEL
+if TYPE_CHECKING:  # imported where used: xdist's controller process loads this file, runs no test
+    import httpx
+    import openai
+    from fastapi import FastAPI
+
+    from respd.engines.fake import FakeEngine
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker more than the cores, to compute while the `waits` tests sleep."""
+    return (os.cpu_count() or 1) + 1
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Deals the tests marked `waits` out to the heads of the shares xdist's `worksteal`
+    hands its workers first (equal contiguous slices, in worker order), so that each worker
+    sleeps through some deadlines while the others compute; a worker left with all of
+    them would finish long after the rest. Without xdist they simply run first."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    waits = [item for item in items if item.get_closest_marker("waits")]
+    rest = [item for item in items if not item.get_closest_marker("waits")]
+    ordered: list[pytest.Item] = []
+    left = len(items)
+    for worker in range(workers):
+        share = left // (workers - worker)  # what worksteal's first split gives this worker
+        dealt = waits[worker::workers]
+        take = max(share - len(dealt), 0)
+        ordered += dealt + rest[:take]
+        rest = rest[take:]
+        left -= share
+    items[:] = ordered + rest
 
 
 @pytest.fixture()
 def engine() -> FakeEngine:
+    from respd.engines.fake import FakeEngine
+    from tests.support.fake import FAKE_MODEL
+
     return FakeEngine(model_id=FAKE_MODEL)
 
 
 @pytest.fixture()
 def app(engine: FakeEngine) -> FastAPI:
+    from respd.api.app import create_app
+    from respd.store import MemoryStore
+
     return create_app(engine, MemoryStore())
 
 
 @pytest.fixture()
 async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    import httpx
+
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as client:
         yield client
@@ -37,6 +71,8 @@ async def http(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture()
 def sdk(http: httpx.AsyncClient) -> openai.AsyncOpenAI:
+    import openai
+
     return openai.AsyncOpenAI(
         base_url="http://respd.test/v1", api_key="sk-test", http_client=http, max_retries=0
     )

@@ -288,6 +288,7 @@ def test_token_window_slides() -> None:
     assert _duration(0.25) == "250ms" and _duration(6) == "6s" and _duration(360) == "6m0s"
 
 
+@pytest.mark.waits
 async def test_streams_per_key(make_client: Callable[..., httpx.AsyncClient]) -> None:
     engine = FakeEngine(respond=lambda *_: Reply(["a"] * 50, delay=0.01), model_id=FAKE_MODEL)
     app = create_app(engine, MemoryStore(), quotas=QuotaSettings(streams_per_key=1))

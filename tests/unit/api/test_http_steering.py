@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 from openai.types.responses import ResponsesServerEvent
 from pydantic import TypeAdapter
 
@@ -20,6 +21,8 @@ from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
 from tests.support.uvicorn_server import serving
+
+pytestmark = pytest.mark.waits  # deadlines and delays, run first (see conftest)
 
 EVENTS: TypeAdapter[ResponsesServerEvent] = TypeAdapter(ResponsesServerEvent)
 A = {"authorization": "Bearer sk-a"}

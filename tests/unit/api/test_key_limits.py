@@ -23,6 +23,8 @@ from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
 
+pytestmark = pytest.mark.waits  # deadlines and delays, run first (see conftest)
+
 BODY = {"model": FAKE_MODEL, "input": "hi"}
 A, B = {"x-api-key": "sk-a"}, {"x-api-key": "sk-b"}
 KEYS = ["sk-a", "sk-b"]

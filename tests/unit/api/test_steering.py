@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from openai.types.responses import ResponsesServerEvent
 from pydantic import TypeAdapter
 from starlette.testclient import TestClient
@@ -19,6 +20,8 @@ from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
 from tests.support.servers import TEMPLATES
+
+pytestmark = pytest.mark.waits  # deadlines and delays, run first (see conftest)
 
 EVENTS: TypeAdapter[ResponsesServerEvent] = TypeAdapter(ResponsesServerEvent)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")

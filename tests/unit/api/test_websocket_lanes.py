@@ -19,6 +19,8 @@ from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import strict_response
 
+pytestmark = pytest.mark.waits  # deadlines and delays, run first (see conftest)
+
 EVENTS: TypeAdapter[ResponsesServerEvent] = TypeAdapter(ResponsesServerEvent)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
