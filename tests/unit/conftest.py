@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # imported where used: xdist's controller process loads this 
     from respd.engines.fake import FakeEngine
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under `-p no:xdist`
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: a worker more than the cores, to compute while the `waits` tests sleep."""
     return (os.cpu_count() or 1) + 1

@@ -139,14 +139,18 @@ HOSTED_TOOLS = frozenset(
         "web_search_preview_2025_03_11",
         "web_search_2025_08_26",
         "file_search",
-        "image_generation",
-        "code_interpreter",
         "mcp",
-        "computer_use_preview",
-        "computer",
         "tool_search",
     }
 )
+# Hosted tools whose whole point is what they run: code, a computer, an image model. An
+# answer made without them would pretend otherwise, so they are refused, naming the tool.
+REFUSED_TOOLS: dict[str, str] = {
+    "code_interpreter": "it runs no code for the model",
+    "computer_use_preview": "it drives no computer for the model",
+    "computer": "it drives no computer for the model",
+    "image_generation": "it has no image generation model",
+}
 LOCAL_SHELL = "local_shell"
 SHELL = "shell"
 APPLY_PATCH = "apply_patch"
@@ -288,6 +292,12 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
                 add(sub, f"{param}.tools[{j}]", name)
         elif kind in HOSTED_TOOLS and namespace is None:
             omitted.append(str(kind))
+        elif kind in REFUSED_TOOLS:
+            raise Unsupported(
+                f"Tools of type '{kind}' are not supported by this server: "
+                f"{REFUSED_TOOLS[kind]}.",
+                param=f"{param}.type",
+            )
         else:
             raise Unsupported(
                 f"Tools of type '{kind}' are not supported by this server.",
@@ -376,7 +386,7 @@ def _as_function_choice(entry: Any, param: str) -> Any:
         return {"type": "function", "name": namespaced(entry.get("namespace"), entry["name"])}
     if kind in CLIENT_TOOLS:
         return {"type": "function", "name": kind}
-    if kind in HOSTED_TOOLS or (isinstance(kind, str) and kind.startswith("web_search")):
+    if kind in HOSTED_TOOLS or kind in REFUSED_TOOLS or str(kind).startswith("web_search"):
         raise Unsupported(
             f"A '{kind}' tool cannot be chosen: this server does not run hosted tools.",
             param=f"{param}.type",

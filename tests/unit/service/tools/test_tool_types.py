@@ -33,7 +33,6 @@ TOOLS: list[dict[str, Any]] = [
     {"type": "custom", "name": "apply_patch", "description": "Edit files."},
     {"type": "local_shell"},
     {"type": "web_search", "external_web_access": False},
-    {"type": "image_generation"},
     {"type": "shell", "environment": {"type": "container_auto"}},
 ]
 # OpenAI's client-run shell and file-edit tools (without a container, the client runs them).
@@ -85,6 +84,39 @@ async def test_hosted_tools_are_left_out_and_the_rest_are_shown(
     assert _shown(engine) == ["exec_command", "agents__spawn", "apply_patch", "local_shell"]
     # the tools echo as sent
     assert [t["type"] for t in data["tools"]] == [t["type"] for t in TOOLS]
+
+
+@pytest.mark.parametrize(
+    "tool",
+    [
+        {"type": "code_interpreter", "container": {"type": "auto"}},
+        {
+            "type": "computer_use_preview",
+            "display_width": 1024,
+            "display_height": 768,
+            "environment": "linux",
+        },
+        {"type": "computer"},
+        {"type": "image_generation"},
+    ],
+)
+async def test_tools_this_server_cannot_run_are_a_400_naming_them(
+    http: httpx.AsyncClient, engine: FakeEngine, tool: dict[str, Any]
+) -> None:
+    """Refused rather than left out: an answer made without them would pretend otherwise."""
+    body = {"model": FAKE_MODEL, "input": "hi", "tools": [TOOLS[0], tool]}
+    r = await http.post("/v1/responses", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "tools[1].type" and error["code"] == "unsupported_parameter"
+    assert f"'{tool['type']}'" in error["message"]
+    assert error["type"] == "invalid_request_error"
+    assert not engine.calls  # nothing generated
+    listed = await http.get("/v1/responses", params={"limit": 5})
+    assert listed.status_code != 200 or not listed.json().get("data")  # nothing stored
+    choice = {"model": FAKE_MODEL, "input": "hi", "tools": [TOOLS[0]], "tool_choice": tool}
+    refused = await http.post("/v1/responses", json=choice)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tool_choice.type"
 
 
 async def test_a_namespace_call_names_its_function_and_namespace(
