@@ -19,6 +19,7 @@ from respd.api.guard import MULTIPART_OVERHEAD, default_allowed_hosts, is_loopba
 from respd.api.identity import KeyRing
 from respd.config import Settings
 from respd.engines.base import Engine
+from respd.engines.embedding import Embedder
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
@@ -226,7 +227,23 @@ def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
     return AdmissionGate(settings.parallel, settings.max_queue, slots)
 
 
-def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: KeyRing) -> FastAPI:
+def load_embedders(settings: Settings, models: ModelRegistry) -> list[Embedder]:
+    """--embedding-model (checked now), and the local chat model's embedder."""
+    if settings.embedding_model is not None:
+        path = settings.embedding_model.expanduser()
+        if not path.is_file():
+            raise SystemExit(f"respd: embedding model file not found: {path}")
+    local = next((e.model_id for e in models if isinstance(e, LlamaCppEngine)), None)
+    return settings.embedders(local)
+
+
+def build_app(
+    settings: Settings,
+    models: ModelRegistry,
+    store: Store,
+    keys: KeyRing,
+    embedders: list[Embedder] | None = None,
+) -> FastAPI:
     from respd.api.app import create_app
 
     return create_app(
@@ -246,6 +263,7 @@ def build_app(settings: Settings, models: ModelRegistry, store: Store, keys: Key
         sealer=settings.sealer(),
         admission=admission_gate(settings, models),
         socket_limits=settings.socket_limits(),
+        embedders=embedders or (),
     )
 
 
@@ -263,7 +281,7 @@ def serve(settings: Settings) -> int:
             settings.host,
         )
     models = load_engines(settings, console)
-    app = build_app(settings, models, store, keys)
+    app = build_app(settings, models, store, keys, load_embedders(settings, models))
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -292,4 +310,5 @@ def serve(settings: Settings) -> int:
         server.run()
     finally:
         models.close()
+        app.state.embeddings.close()
     return 0

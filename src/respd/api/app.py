@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from respd import __version__
-from respd.api import chat, conversations, files, responses, websocket
+from respd.api import chat, conversations, embeddings, files, responses, websocket
 from respd.api import models as model_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.api.guard import GuardSettings, RequestGuard
@@ -30,9 +30,11 @@ from respd.api.quotas import (
 )
 from respd.api.routes import add_routes
 from respd.engines.base import Engine
+from respd.engines.embedding import Embedder
 from respd.protocol.wire import build_sdk_types
 from respd.service.chat.service import ChatService
 from respd.service.conversations import ConversationsService
+from respd.service.embeddings import EmbeddingModels
 from respd.service.files import DEFAULT_MAX_FILE_BYTES, FilesService
 from respd.service.generation.admission import AdmissionGate
 from respd.service.generation.core import ActiveRuns
@@ -122,7 +124,7 @@ def _lifespan(
 def _install_routes(app: FastAPI) -> None:
     install_error_handlers(app)
     describe(app)
-    for module in (responses, websocket, conversations, files, chat, model_routes):
+    for module in (responses, websocket, conversations, files, chat, embeddings, model_routes):
         add_routes(app, module.router)
 
 
@@ -169,9 +171,11 @@ def create_app(
     sealer: Sealer | None = None,
     admission: AdmissionGate | None = None,
     socket_limits: SocketLimits | None = None,
+    embedders: Iterable[Embedder] = (),
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
-    store is owned by the app from here on: closed at shutdown."""
+    store is owned by the app from here on: closed at shutdown. `embedders` answer
+    `/v1/embeddings`, each for its model id."""
     if not isinstance(models, ModelRegistry):
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
@@ -192,6 +196,7 @@ def create_app(
     lifespan = _lifespan(store, services.responses, purge_interval_secs)
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.models = models
+    app.state.embeddings = EmbeddingModels(embedders)
     app.state.started_at = int(time.time())
     app.state.sse_keepalive = sse_keepalive
     app.state.responses = services.responses

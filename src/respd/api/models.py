@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict, replace
@@ -11,7 +12,10 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from respd.engines.base import Engine
+from respd.engines.embedding import Embedder
+from respd.protocol.errors import NotFound
 from respd.service.codex import codex_catalog
+from respd.service.embeddings import EmbeddingModels
 from respd.service.media.cache import MediaCache
 from respd.service.models import ModelRegistry
 
@@ -33,6 +37,19 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
         # The output cap of a request that sets none (null: the context window alone).
         "max_output_tokens": request.app.state.runs.output.cap(engine.context_window),
         "input_modalities": ["text", "image"] if engine.vision else ["text"],
+    }
+
+
+def _embedding_card(request: Request, embedder: Embedder) -> dict[str, Any]:
+    """A model that only embeds: `/v1/embeddings` takes it, generation does not."""
+    return {
+        "id": embedder.model_id,
+        "object": "model",
+        "created": request.app.state.started_at,
+        "owned_by": "respd",
+        "context_window": embedder.max_tokens,
+        "input_modalities": ["text"],
+        "endpoints": ["/v1/embeddings"],
     }
 
 
@@ -61,12 +78,21 @@ async def list_models(request: Request) -> dict[str, Any] | Response:
     """OpenAI's model list; Codex, which names its `client_version`, gets its own catalog."""
     if "client_version" in request.query_params:
         return _codex_models(request)
-    return {"object": "list", "data": [_model_card(request, e) for e in _models(request)]}
+    cards = [_model_card(request, e) for e in _models(request)]
+    chat_ids = {card["id"] for card in cards}
+    for embedder in request.app.state.embeddings:
+        if embedder.model_id not in chat_ids:
+            cards.append(_embedding_card(request, embedder))
+    return {"object": "list", "data": cards}
 
 
 @router.get("/v1/models/{model_id:path}")
 @router.get("/models/{model_id:path}", include_in_schema=False)
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    embeddings: EmbeddingModels = request.app.state.embeddings
+    if model_id not in {e.model_id for e in _models(request)}:
+        with contextlib.suppress(NotFound):
+            return _embedding_card(request, embeddings.get(model_id))
     return _model_card(request, _models(request).get(model_id))
 
 

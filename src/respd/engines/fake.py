@@ -16,6 +16,7 @@ Tokens are characters (one id per character), so prompt lengths are easy to reas
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,13 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import check_schema
+from respd.engines.embedding import (
+    EmbeddingInput,
+    Embeddings,
+    InputTooLong,
+    TokenOutOfRange,
+    normalized,
+)
 from respd.engines.families.profile import ModelProfile, detect_profile
 from respd.engines.prompting import MEDIA_MARKER, TemplatePrompter
 
@@ -257,3 +265,36 @@ class _FakeStream:
     async def aclose(self) -> None:
         if not self._done:
             self._end("cancelled")
+
+
+class FakeEmbedder:
+    """An embedder for tests of the layers above it: a text's vector counts its words, each
+    hashed to one of `width` dimensions (token ids count as words), so texts that share
+    words point the same way. Tokens are characters, as `FakeEngine`'s are."""
+
+    def __init__(self, model_id: str = "fake-embed", *, width: int = 64, max_tokens: int = 512):
+        self.model_id = model_id
+        self.width = width
+        self.max_tokens: int | None = max_tokens
+        self.n_vocab: int | None = 0x110000
+        self.calls: list[list[EmbeddingInput]] = []
+
+    async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
+        self.calls.append(inputs)
+        vectors, tokens = [], 0
+        for i, item in enumerate(inputs):
+            ids = [ord(c) for c in item] if isinstance(item, str) else item
+            if any(not 0 <= t < 0x110000 for t in ids):
+                raise TokenOutOfRange(i, 0x110000)
+            if self.max_tokens is not None and len(ids) > self.max_tokens:
+                raise InputTooLong(i, len(ids), self.max_tokens)
+            words = item.lower().split() if isinstance(item, str) else [str(t) for t in item]
+            vector = [0.0] * self.width
+            for word in words:
+                vector[zlib.crc32(word.strip(".,!?").encode()) % self.width] += 1.0
+            vectors.append(normalized(vector))
+            tokens += len(ids)
+        return Embeddings(vectors, tokens)
+
+    def close(self) -> None:
+        pass

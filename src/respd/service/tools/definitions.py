@@ -294,8 +294,7 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
             omitted.append(str(kind))
         elif kind in REFUSED_TOOLS:
             raise Unsupported(
-                f"Tools of type '{kind}' are not supported by this server: "
-                f"{REFUSED_TOOLS[kind]}.",
+                f"Tools of type '{kind}' are not supported by this server: {REFUSED_TOOLS[kind]}.",
                 param=f"{param}.type",
             )
         else:

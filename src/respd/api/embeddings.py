@@ -1,0 +1,21 @@
+"""`/v1/embeddings` route."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from respd.api.body import parse_body
+from respd.protocol.embeddings import EmbeddingRequest
+from respd.service.embeddings import EmbeddingModels, create_embeddings
+
+router = APIRouter()
+
+
+@router.post("/v1/embeddings")
+@router.post("/embeddings", include_in_schema=False)
+async def embeddings(request: Request) -> dict[str, Any]:
+    models: EmbeddingModels = request.app.state.embeddings
+    body = await parse_body(request, EmbeddingRequest)
+    return await create_embeddings(models, body)

@@ -1,0 +1,121 @@
+"""Embeddings from a GGUF through llama.cpp: its own context in embedding mode.
+
+The context is separate from the generating engine's (llama.cpp fixes embedding mode per
+context), loaded on the first request so a server that never embeds pays nothing, and used
+by one request at a time from a worker thread. Pooling is the GGUF's own (an embedding
+model declares it); a chat model declares none and is mean-pooled over its last hidden
+states."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from respd.engines.embedding import (
+    EmbeddingInput,
+    Embeddings,
+    InputTooLong,
+    TokenOutOfRange,
+    normalized,
+)
+
+
+class LlamaEmbedder:
+    def __init__(self, path: Path, *, model_id: str, n_ctx: int, n_threads: int) -> None:
+        self.model_id = model_id
+        self.path = path
+        self.max_tokens: int | None = n_ctx
+        self.n_vocab: int | None = None
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads
+        self._llama: Any = None
+        self._lock = threading.Lock()
+
+    async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
+        return await asyncio.to_thread(self._embed, inputs)
+
+    def _embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
+        with self._lock:
+            llama = self._loaded()
+            sequences = [
+                llama.tokenize(item.encode(), add_bos=True, special=False)
+                if isinstance(item, str)
+                else item
+                for item in inputs
+            ]
+            n_vocab = llama.n_vocab()
+            for i, tokens in enumerate(sequences):
+                if any(not 0 <= t < n_vocab for t in tokens):
+                    raise TokenOutOfRange(i, n_vocab)
+                if len(tokens) > self._n_ctx:
+                    raise InputTooLong(i, len(tokens), self._n_ctx)
+            vectors = [normalized(self._pooled(llama, tokens)) for tokens in sequences]
+            return Embeddings(vectors, sum(len(t) for t in sequences))
+
+    def _loaded(self) -> Any:
+        if self._llama is None:
+            import llama_cpp
+
+            declared = _declares_pooling(self.path)
+            self._llama = llama_cpp.Llama(
+                str(self.path),
+                embedding=True,
+                n_ctx=self._n_ctx,
+                n_batch=self._n_ctx,
+                n_ubatch=self._n_ctx,
+                n_threads=self._n_threads,
+                pooling_type=(
+                    llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+                    if declared
+                    else llama_cpp.LLAMA_POOLING_TYPE_MEAN
+                ),
+                verbose=False,
+            )
+            self.n_vocab = self._llama.n_vocab()
+        return self._llama
+
+    @staticmethod
+    def _pooled(llama: Any, tokens: list[int]) -> list[float]:
+        import llama_cpp
+
+        if not tokens:
+            return [0.0] * llama.n_embd()
+        llama._ctx.kv_cache_clear()
+        llama._batch.reset()
+        llama._batch.add_sequence(tokens, 0, True)
+        llama._ctx.decode(llama._batch)
+        llama._batch.reset()
+        pointer = llama_cpp.llama_get_embeddings_seq(llama._ctx.ctx, 0)
+        return list(pointer[: llama.n_embd()])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._llama is not None:
+                self._llama.close()
+                self._llama = None
+
+
+def _declares_pooling(path: Path) -> bool:
+    """Whether the GGUF names its pooling (`<arch>.pooling_type`), read from its metadata
+    alone (no weights loaded)."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp._utils import suppress_stdout_stderr
+
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    with suppress_stdout_stderr(disable=False):  # llama.cpp prints the whole header
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not model:
+        raise OSError(f"cannot read {path}")
+    try:
+        buffer = ctypes.create_string_buffer(128)
+        size = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, 128)
+        arch = buffer.value.decode() if size > 0 else ""
+        key = f"{arch}.pooling_type".encode()
+        return int(llama_cpp.llama_model_meta_val_str(model, key, buffer, 128)) >= 0
+    finally:
+        llama_cpp.llama_model_free(model)

@@ -1,0 +1,73 @@
+"""`/v1/embeddings` on a real server through the `openai` SDK: the local chat model embeds
+(mean-pooled by llama.cpp), and a second GGUF named by `--embedding-model` answers under its
+own id beside it."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from respd.config.engine import embedded_model_path
+from tests.support.servers import MODEL_ID, RespdServer, start_server
+
+
+def _dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def test_the_chat_model_embeds_texts_as_unit_vectors(client: openai.OpenAI) -> None:
+    texts = [
+        "The cat sat on the mat.",
+        "A cat was sitting on the mat.",
+        "Stock markets fell sharply today.",
+        "The cat sat on the mat.",
+    ]
+    r = client.embeddings.create(model=MODEL_ID, input=texts)  # the SDK asks for base64
+    assert r.model == MODEL_ID and [d.index for d in r.data] == [0, 1, 2, 3]
+    v = [d.embedding for d in r.data]
+    assert {len(x) for x in v} == {576}  # SmolLM2-135M's hidden size
+    assert math.isclose(_dot(v[0], v[3]), 1.0, rel_tol=1e-5)  # a text with itself
+    assert _dot(v[0], v[1]) > _dot(v[0], v[2])  # the paraphrase ranks above the unrelated
+    assert r.usage.prompt_tokens == r.usage.total_tokens > 20
+    floats = client.embeddings.create(model=MODEL_ID, input=texts[0], encoding_format="float")
+    pairs = zip(floats.data[0].embedding, v[0], strict=True)
+    assert all(math.isclose(a, b, abs_tol=1e-6) for a, b in pairs)  # base64 = the floats
+
+
+def test_token_inputs_and_limits(client: openai.OpenAI, http: httpx.Client) -> None:
+    ids = [504, 2365, 3849, 335, 260, 5180, 30]  # any ids in the vocabulary
+    r = client.embeddings.create(model=MODEL_ID, input=[ids, ids[:3]], dimensions=64)
+    assert [len(d.embedding) for d in r.data] == [64, 64]
+    assert r.usage.prompt_tokens == 10
+    too_long = http.post("/v1/embeddings", json={"model": MODEL_ID, "input": "word " * 3000})
+    assert too_long.status_code == 400
+    assert too_long.json()["error"]["code"] == "context_length_exceeded"
+    out_of_range = http.post("/v1/embeddings", json={"model": MODEL_ID, "input": [[49152]]})
+    assert out_of_range.status_code == 400
+    assert out_of_range.json()["error"]["param"] == "input[0]"
+
+
+@pytest.fixture(scope="module")
+def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    tmp = tmp_path_factory.mktemp("respd-embed")
+    gguf = tmp / "mini-embed.Q4_1.gguf"  # its id comes from the file name: mini-embed
+    gguf.symlink_to(embedded_model_path())
+    srv = start_server(tmp, "--embedding-model", str(gguf), preset="compact")
+    yield srv
+    srv.stop()
+    srv.assert_no_5xx()
+
+
+def test_an_embedding_model_answers_under_its_own_id(embedding_server: RespdServer) -> None:
+    client = embedding_server.client()
+    models = {m.id: m for m in client.models.list()}
+    assert set(models) == {MODEL_ID, "mini-embed"}
+    assert (models["mini-embed"].model_extra or {}).get("endpoints") == ["/v1/embeddings"]
+    r = client.embeddings.create(model="mini-embed", input=["hello", "hello"])
+    assert math.isclose(_dot(r.data[0].embedding, r.data[1].embedding), 1.0, rel_tol=1e-5)
+    with pytest.raises(openai.NotFoundError):  # it embeds; it does not answer
+        client.responses.create(model="mini-embed", input="hi", max_output_tokens=4)
