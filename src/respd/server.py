@@ -228,13 +228,19 @@ def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
 
 
 def load_embedders(settings: Settings, models: ModelRegistry) -> list[Embedder]:
-    """--embedding-model (checked now), and the local chat model's embedder."""
+    """--embedding-model (checked now), the local chat model's embedder, and every
+    upstream (it forwards `/v1/embeddings` for its model id)."""
     if settings.embedding_model is not None:
         path = settings.embedding_model.expanduser()
         if not path.is_file():
             raise SystemExit(f"respd: embedding model file not found: {path}")
     local = next((e.model_id for e in models if isinstance(e, LlamaCppEngine)), None)
-    return settings.embedders(local)
+    upstreams: list[Embedder] = [e for e in models if isinstance(e, UpstreamEngine)]
+    embedders = [*settings.embedders(local), *upstreams]
+    ids = [e.model_id for e in embedders]
+    if len(set(ids)) != len(ids):
+        raise SystemExit(f"respd: two models embed under the same id: {ids}")
+    return embedders
 
 
 def build_app(

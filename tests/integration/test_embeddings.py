@@ -1,6 +1,6 @@
 """`/v1/embeddings` on a real server through the `openai` SDK: the local chat model embeds
-(mean-pooled by llama.cpp), and a second GGUF named by `--embedding-model` answers under its
-own id beside it."""
+(mean-pooled by llama.cpp), and a test-made embedding GGUF named by `--embedding-model`
+(`tests/support/gguf/embedder.py`: it declares its pooling) answers under its own id."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from respd.config.engine import embedded_model_path
+from tests.support.gguf.embedder import write_embedding_model
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
 
@@ -54,8 +55,7 @@ def test_token_inputs_and_limits(client: openai.OpenAI, http: httpx.Client) -> N
 @pytest.fixture(scope="module")
 def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
     tmp = tmp_path_factory.mktemp("respd-embed")
-    gguf = tmp / "mini-embed.Q4_1.gguf"  # its id comes from the file name: mini-embed
-    gguf.symlink_to(embedded_model_path())
+    gguf = write_embedding_model(tmp / "bag-embed.gguf", embedded_model_path())
     srv = start_server(tmp, "--embedding-model", str(gguf), preset="compact")
     yield srv
     srv.stop()
@@ -65,9 +65,16 @@ def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Respd
 def test_an_embedding_model_answers_under_its_own_id(embedding_server: RespdServer) -> None:
     client = embedding_server.client()
     models = {m.id: m for m in client.models.list()}
-    assert set(models) == {MODEL_ID, "mini-embed"}
-    assert (models["mini-embed"].model_extra or {}).get("endpoints") == ["/v1/embeddings"]
-    r = client.embeddings.create(model="mini-embed", input=["hello", "hello"])
-    assert math.isclose(_dot(r.data[0].embedding, r.data[1].embedding), 1.0, rel_tol=1e-5)
+    assert set(models) == {MODEL_ID, "bag-embed"}  # its id: the file name
+    assert (models["bag-embed"].model_extra or {}).get("endpoints") == ["/v1/embeddings"]
+    texts = ["The cat sat on the mat.", "A cat was sitting on the mat.", "Markets fell today."]
+    r = client.embeddings.create(model="bag-embed", input=[*texts, texts[0]])
+    v = [d.embedding for d in r.data]
+    assert {len(x) for x in v} == {64}
+    assert math.isclose(_dot(v[0], v[3]), 1.0, rel_tol=1e-5)
+    assert _dot(v[0], v[1]) > _dot(v[0], v[2]) + 0.3  # shared words, far closer
     with pytest.raises(openai.NotFoundError):  # it embeds; it does not answer
-        client.responses.create(model="mini-embed", input="hi", max_output_tokens=4)
+        client.responses.create(model="bag-embed", input="hi", max_output_tokens=4)
+    # the chat model beside it embeds under its own id, with its own width
+    chat = client.embeddings.create(model=MODEL_ID, input="hello", encoding_format="float")
+    assert len(chat.data[0].embedding) == 576

@@ -101,6 +101,23 @@ def test_background_and_cancel(client: openai.OpenAI) -> None:
     flows.background_and_cancel(client, partial(raw, client))
 
 
+def test_embeddings_are_forwarded_to_the_upstream(
+    pair: tuple[RespdServer, RespdServer], client: openai.OpenAI
+) -> None:
+    upstream, front = pair
+    texts = ["The cat sat on the mat.", "The cat sat on the mat."]
+    r = client.embeddings.create(model=MODEL_ID, input=texts, dimensions=32)
+    assert upstream.log().count("POST /v1/embeddings") == 1  # the upstream embedded them
+    v = [d.embedding for d in r.data]
+    assert [len(x) for x in v] == [32, 32] and r.usage.prompt_tokens > 0
+    assert sum(a * b for a, b in zip(v[0], v[1], strict=True)) > 0.9999
+    # the upstream's own refusal reaches the client with its status and message
+    bad = httpx.post(
+        front.base_url + "/v1/embeddings", json={"model": MODEL_ID, "input": [[10**6]]}
+    )
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
+
+
 def test_an_upstream_killed_mid_stream_fails_the_response(tmp_path: Path) -> None:
     upstream, front = start_pair(tmp_path)
     try:

@@ -40,6 +40,15 @@ class TokenOutOfRange(Exception):
         self.n_vocab = n_vocab
 
 
+class EmbeddingFailed(Exception):
+    """A remote embedder refused or failed; `status` is what the client gets (the remote's
+    own 4xx, 502 or 504)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Embedder(Protocol):
     model_id: str
     # Tokens one input may have; the ids a token input may use run from 0 to n_vocab - 1
@@ -48,7 +57,8 @@ class Embedder(Protocol):
     n_vocab: int | None
 
     async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
-        """One unit vector per input; raises `InputTooLong` or `TokenOutOfRange`."""
+        """One unit vector per input; raises `InputTooLong`, `TokenOutOfRange` or
+        `EmbeddingFailed`."""
         ...
 
     def close(self) -> None: ...

@@ -15,13 +15,19 @@ from typing import Any
 
 from respd.engines.embedding import (
     Embedder,
+    EmbeddingFailed,
     EmbeddingInput,
     InputTooLong,
     TokenOutOfRange,
     normalized,
 )
 from respd.protocol.embeddings import MAX_INPUTS, EmbeddingRequest
-from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, model_not_found
+from respd.protocol.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    UpstreamFailed,
+    model_not_found,
+)
 
 
 class EmbeddingModels:
@@ -89,6 +95,8 @@ async def create_embeddings(models: EmbeddingModels, req: EmbeddingRequest) -> d
             f"{exc.limit} at once.",
             param=f"input[{exc.index}]",
         ) from None
+    except EmbeddingFailed as exc:
+        raise UpstreamFailed(str(exc), exc.status) from None
     except TokenOutOfRange as exc:
         raise InvalidRequest(
             f"'input[{exc.index}]' holds a token id outside this model's vocabulary "

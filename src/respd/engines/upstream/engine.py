@@ -29,6 +29,7 @@ from respd.engines.base import (
     SamplingParams,
 )
 from respd.engines.constraints import Constraint, ConstraintError, check_schema
+from respd.engines.embedding import EmbeddingFailed, EmbeddingInput, Embeddings, normalized
 from respd.engines.families.profile import STRUCTURED
 from respd.engines.messages import images_on_user_turns
 from respd.engines.upstream.stream import (
@@ -236,6 +237,7 @@ class UpstreamEngine:
         self.profile = STRUCTURED
         self.default_sampling: dict[str, float] = {}  # the upstream applies its own
         self.n_vocab: int | None = None
+        self.max_tokens: int | None = None  # the upstream checks input lengths itself
         self.max_concurrency = max_concurrency
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._base_url = base_url.rstrip("/")
@@ -322,6 +324,27 @@ class UpstreamEngine:
         self._stats.healthy = self.healthy
         self._stats.problem = self.problem
         return self._stats
+
+    async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
+        """The upstream's `/embeddings` for the same model (float vectors; `dimensions` is
+        applied here, as for a local model)."""
+        body = {"model": self.upstream_model, "input": inputs, "encoding_format": "float"}
+        try:
+            response = await self.http.post("/embeddings", json=body)
+            if response.status_code >= 400:
+                raise UpstreamError(error_message(response.text), response.status_code)
+            data = response.json()
+            rows = sorted(data["data"], key=lambda row: row["index"])
+            vectors = [normalized([float(x) for x in row["embedding"]]) for row in rows]
+            tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
+        except (httpx.HTTPError, UpstreamError, ValueError, KeyError, TypeError) as exc:
+            log.warning("upstream embeddings failed: %s", exc)
+            status = error_status(exc)
+            message = str(exc) if status < 500 else f"The upstream engine failed: {exc}"
+            raise EmbeddingFailed(message, status) from None
+        if len(vectors) != len(inputs):
+            raise EmbeddingFailed("The upstream engine returned a vector count that differs.", 502)
+        return Embeddings(vectors, tokens)
 
     async def probe(self) -> bool:
         """Ask the upstream for its models: reachable or not (for /health)."""
