@@ -27,30 +27,37 @@ def _models(request: Request) -> ModelRegistry:
     return models
 
 
-def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
+def _card(request: Request, model_id: str, window: int | None, **more: Any) -> dict[str, Any]:
     return {
-        "id": engine.model_id,
+        "id": model_id,
         "object": "model",
         "created": request.app.state.started_at,
         "owned_by": "respd",
-        "context_window": engine.context_window,
-        # The output cap of a request that sets none (null: the context window alone).
-        "max_output_tokens": request.app.state.runs.output.cap(engine.context_window),
-        "input_modalities": ["text", "image"] if engine.vision else ["text"],
+        "context_window": window,
+        **more,
     }
+
+
+def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
+    return _card(
+        request,
+        engine.model_id,
+        engine.context_window,
+        # The output cap of a request that sets none (null: the context window alone).
+        max_output_tokens=request.app.state.runs.output.cap(engine.context_window),
+        input_modalities=["text", "image"] if engine.vision else ["text"],
+    )
 
 
 def _embedding_card(request: Request, embedder: Embedder) -> dict[str, Any]:
     """A model that only embeds: `/v1/embeddings` takes it, generation does not."""
-    return {
-        "id": embedder.model_id,
-        "object": "model",
-        "created": request.app.state.started_at,
-        "owned_by": "respd",
-        "context_window": embedder.max_tokens,
-        "input_modalities": ["text"],
-        "endpoints": ["/v1/embeddings"],
-    }
+    return _card(
+        request,
+        embedder.model_id,
+        embedder.max_tokens,
+        input_modalities=["text"],
+        endpoints=["/v1/embeddings"],
+    )
 
 
 def _etag_matches(header: str | None, etag: str) -> bool:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.support.gguf.tokenizer import copy_tokenizer
+
 N_EMBD = 64
 N_HEAD = 4
 N_FF = 64
@@ -24,13 +26,6 @@ SEED = 2024
 def write_embedding_model(path: Path, tokenizer_from: Path) -> Path:
     import gguf
 
-    src = gguf.GGUFReader(str(tokenizer_from))
-
-    def field(name: str) -> object:
-        return src.fields[name].contents()
-
-    tokens = field("tokenizer.ggml.tokens")
-    assert isinstance(tokens, list)
     rng = np.random.default_rng(SEED)
     zero = np.zeros
 
@@ -46,16 +41,9 @@ def write_embedding_model(path: Path, tokenizer_from: Path) -> Path:
     w.add_rope_freq_base(10000.0)
     w.add_pooling_type(gguf.PoolingType(MEAN_POOLING))
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model(str(field("tokenizer.ggml.model")))
-    w.add_tokenizer_pre(str(field("tokenizer.ggml.pre")))
-    w.add_token_list(tokens)
-    w.add_token_types(list(src.fields["tokenizer.ggml.token_type"].contents()))  # type: ignore[arg-type]
-    w.add_token_merges(list(src.fields["tokenizer.ggml.merges"].contents()))  # type: ignore[arg-type]
-    w.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id")))  # type: ignore[arg-type]
-    w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))  # type: ignore[arg-type]
-    w.add_add_bos_token(False)
+    n_vocab = copy_tokenizer(w, tokenizer_from, chat_template=False)
 
-    rows = rng.standard_normal((len(tokens), N_EMBD)).astype(np.float32)
+    rows = rng.standard_normal((n_vocab, N_EMBD)).astype(np.float32)
     w.add_tensor("token_embd.weight", rows)
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
     w.add_tensor("blk.0.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))

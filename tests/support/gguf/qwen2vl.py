@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tests.support.gguf.llava import add_vit_blocks, ones, zeros
+from tests.support.gguf.tokenizer import copy_tokenizer
 
 # Text model.
 N_EMBD = 64
@@ -52,14 +53,6 @@ def write_qwen2vl_model(path: Path, tokenizer_from: Path) -> Path:
     """Write the text model to `path`, with the tokenizer and template of `tokenizer_from`."""
     import gguf
 
-    src = gguf.GGUFReader(str(tokenizer_from))
-
-    def field(name: str) -> object:
-        return src.fields[name].contents()
-
-    tokens = field("tokenizer.ggml.tokens")
-    assert isinstance(tokens, list)
-    n_vocab = len(tokens)
     rng = _rng(0)
 
     def rand(*shape: int, scale: float = 0.3) -> np.ndarray:
@@ -79,16 +72,7 @@ def write_qwen2vl_model(path: Path, tokenizer_from: Path) -> Path:
     w.add_rope_dimension_sections(ROPE_SECTIONS)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
 
-    w.add_tokenizer_model(str(field("tokenizer.ggml.model")))
-    w.add_tokenizer_pre(str(field("tokenizer.ggml.pre")))
-    w.add_token_list(tokens)
-    w.add_token_types(list(src.fields["tokenizer.ggml.token_type"].contents()))  # type: ignore[arg-type]
-    w.add_token_merges(list(src.fields["tokenizer.ggml.merges"].contents()))  # type: ignore[arg-type]
-    w.add_bos_token_id(int(field("tokenizer.ggml.bos_token_id")))  # type: ignore[arg-type]
-    w.add_eos_token_id(int(field("tokenizer.ggml.eos_token_id")))  # type: ignore[arg-type]
-    w.add_pad_token_id(int(field("tokenizer.ggml.padding_token_id")))  # type: ignore[arg-type]
-    w.add_add_bos_token(False)
-    w.add_chat_template(str(field("tokenizer.chat_template")))
+    n_vocab = copy_tokenizer(w, tokenizer_from)
 
     w.add_tensor("token_embd.weight", rand(n_vocab, N_EMBD, scale=0.5))
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
