@@ -18,4 +18,8 @@ router = APIRouter()
 async def embeddings(request: Request) -> dict[str, Any]:
     models: EmbeddingModels = request.app.state.embeddings
     body = await parse_body(request, EmbeddingRequest)
-    return await create_embeddings(models, body)
+    answer = await create_embeddings(models, body)
+    metrics = getattr(request.app.state, "metrics", None)
+    if metrics is not None:
+        metrics.embedded_tokens.labels(body.model).inc(answer["usage"]["prompt_tokens"])
+    return answer

@@ -188,6 +188,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.embedded_tokens = Counter(
+            "respd_embedding_input_tokens",
+            "Input tokens turned into vectors by /v1/embeddings, by model.",
+            ["model"],
+            registry=r,
+        )
         self.stored = Gauge(
             "respd_store_records", "Records the store holds, by kind.", ["kind"], registry=r
         )

@@ -49,6 +49,12 @@ async def test_vectors_are_unit_length_in_order_with_usage(sdk: openai.AsyncOpen
     assert r.usage.prompt_tokens == r.usage.total_tokens == sum(map(len, texts))
 
 
+async def test_embedded_tokens_are_counted_by_model(http: httpx.AsyncClient) -> None:
+    await http.post("/v1/embeddings", json={"model": EMBED, "input": ["abc", "de"]})
+    text = (await http.get("/metrics")).text
+    assert f'respd_embedding_input_tokens_total{{model="{EMBED}"}} 5.0' in text
+
+
 async def test_base64_is_the_float32_bytes_of_the_same_vector(http: httpx.AsyncClient) -> None:
     body = {"model": EMBED, "input": "hello there"}
     floats = (await http.post("/v1/embeddings", json=body)).json()["data"][0]["embedding"]
