@@ -14,11 +14,15 @@ import pytest
 from tests.support.pg import fresh_schema
 from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
 
+SHARED_CAP = ("--max-output-tokens", "128")
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
-    """The shared server: default model, a 2048-token window so overflow tests stay cheap."""
-    srv = start_server(tmp_path_factory.mktemp("respd"), preset="small")
+    """The shared server: default model, a 2048-token window so overflow tests stay cheap,
+    and answers that set no cap stopped at `SHARED_CAP` tokens: the tests read how an answer
+    is shaped, not a long one (the default cap has its own test, on its own server)."""
+    srv = start_server(tmp_path_factory.mktemp("respd"), *SHARED_CAP, preset="small")
     yield srv
     srv.stop()
     srv.assert_no_5xx()
@@ -49,7 +53,8 @@ def stateful_server(
         store = request.param
         if store == "postgresql":
             store = exits.enter_context(fresh_schema())
-        srv = start_server(tmp, "--store", store, "--data-dir", str(tmp / "data"), preset="small")
+        data = str(tmp / "data")
+        srv = start_server(tmp, "--store", store, "--data-dir", data, *SHARED_CAP, preset="small")
         yield srv
         srv.stop()
         srv.assert_no_5xx()
