@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -50,6 +51,20 @@ def test_token_inputs_and_limits(client: openai.OpenAI, http: httpx.Client) -> N
     out_of_range = http.post("/v1/embeddings", json={"model": MODEL_ID, "input": [[49152]]})
     assert out_of_range.status_code == 400
     assert out_of_range.json()["error"]["param"] == "input[0]"
+
+
+def test_a_client_that_hangs_up_stops_its_embeddings(server: RespdServer) -> None:
+    """Forty long inputs (over a minute of work here), the client gone after a second: the
+    server stops at the next input, and the next request is answered at once."""
+    body = {"model": MODEL_ID, "input": [f"{i} " + "word " * 200 for i in range(40)]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base_url + "/v1/embeddings", json=body, timeout=1.0)
+    started = time.monotonic()
+    r = httpx.post(
+        server.base_url + "/v1/embeddings", json={"model": MODEL_ID, "input": "hi"}, timeout=60
+    )
+    assert r.status_code == 200
+    assert time.monotonic() - started < 20  # not the minute the forty inputs would take
 
 
 @pytest.fixture(scope="module")

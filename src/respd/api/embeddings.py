@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from respd.api.body import parse_body
+from respd.api.streaming import until_disconnect
 from respd.protocol.embeddings import EmbeddingRequest
 from respd.service.embeddings import EmbeddingModels, create_embeddings
 
@@ -18,7 +19,7 @@ router = APIRouter()
 async def embeddings(request: Request) -> dict[str, Any]:
     models: EmbeddingModels = request.app.state.embeddings
     body = await parse_body(request, EmbeddingRequest)
-    answer = await create_embeddings(models, body)
+    answer = await until_disconnect(request, create_embeddings(models, body))
     metrics = getattr(request.app.state, "metrics", None)
     if metrics is not None:
         metrics.embedded_tokens.labels(body.model).inc(answer["usage"]["prompt_tokens"])

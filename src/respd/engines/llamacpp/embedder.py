@@ -34,9 +34,17 @@ class LlamaEmbedder:
         self._lock = threading.Lock()
 
     async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
-        return await asyncio.to_thread(self._embed, inputs)
+        """Run in a worker thread; cancelled (the client went away), the thread stops at
+        the next input and leaves the context to the next request."""
+        stop = threading.Event()
+        work = asyncio.ensure_future(asyncio.to_thread(self._embed, inputs, stop))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            raise
 
-    def _embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
+    def _embed(self, inputs: list[EmbeddingInput], stop: threading.Event) -> Embeddings:
         with self._lock:
             llama = self._loaded()
             sequences = [
@@ -51,7 +59,11 @@ class LlamaEmbedder:
                     raise TokenOutOfRange(i, n_vocab)
                 if len(tokens) > self._n_ctx:
                     raise InputTooLong(i, len(tokens), self._n_ctx)
-            vectors = [normalized(self._pooled(llama, tokens)) for tokens in sequences]
+            vectors = []
+            for tokens in sequences:
+                if stop.is_set():
+                    raise asyncio.CancelledError  # nobody waits for the rest
+                vectors.append(normalized(self._pooled(llama, tokens)))
             return Embeddings(vectors, sum(len(t) for t in sequences))
 
     def _loaded(self) -> Any:
