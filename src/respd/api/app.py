@@ -196,7 +196,7 @@ def create_app(
     lifespan = _lifespan(store, services.responses, purge_interval_secs)
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.models = models
-    app.state.embeddings = EmbeddingModels(embedders)
+    app.state.embeddings = EmbeddingModels(embedders, input_limits)
     app.state.started_at = int(time.time())
     app.state.sse_keepalive = sse_keepalive
     app.state.responses = services.responses

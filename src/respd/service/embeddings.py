@@ -28,13 +28,15 @@ from respd.protocol.errors import (
     UpstreamFailed,
     model_not_found,
 )
+from respd.service.limits import InputLimits
 
 
 class EmbeddingModels:
     """The embedders this server answers for, by model id."""
 
-    def __init__(self, embedders: Iterable[Embedder] = ()) -> None:
+    def __init__(self, embedders: Iterable[Embedder] = (), limits: InputLimits | None = None):
         self._embedders = {e.model_id: e for e in embedders}
+        self.limits = limits or InputLimits()
 
     def __iter__(self) -> Iterator[Embedder]:
         return iter(self._embedders.values())
@@ -50,7 +52,7 @@ class EmbeddingModels:
             embedder.close()
 
 
-def _inputs(raw: Any) -> list[EmbeddingInput]:
+def _inputs(raw: Any, max_chars: int) -> list[EmbeddingInput]:
     """The request's `input` as a list of items (a string, or token ids)."""
     if isinstance(raw, str):
         items: list[EmbeddingInput] = [raw]
@@ -65,6 +67,14 @@ def _inputs(raw: Any) -> list[EmbeddingInput]:
             f"'input' holds {len(items)} items; at most {MAX_INPUTS} are allowed.",
             param="input",
             code="invalid_value",
+        )
+    size = sum(len(item) for item in items)  # characters, or token ids
+    if size > max_chars:  # before tokenizing: the tokenizer would read it all first
+        raise InvalidRequest(
+            f"The input holds {size} characters or tokens, more than the {max_chars} this "
+            "server accepts in one request.",
+            param="input",
+            code="string_above_max_length",
         )
     for i, item in enumerate(items):
         if len(item) == 0:
@@ -86,7 +96,7 @@ def _shaped(vector: list[float], dimensions: int | None, encoding: str) -> list[
 
 async def create_embeddings(models: EmbeddingModels, req: EmbeddingRequest) -> dict[str, Any]:
     embedder = models.get(req.model)
-    items = _inputs(req.input)
+    items = _inputs(req.input, models.limits.max_chars)
     try:
         made = await embedder.embed(items)
     except InputTooLong as exc:

@@ -136,6 +136,21 @@ async def test_the_model_list_shows_the_embedding_model(sdk: openai.AsyncOpenAI)
     assert card.id == EMBED and (card.model_extra or {}).get("endpoints") == ["/v1/embeddings"]
 
 
+async def test_text_past_the_character_limit_is_refused_before_tokenizing(
+    engine: FakeEngine, embedder: FakeEmbedder
+) -> None:
+    from respd.service.limits import InputLimits
+
+    limits = InputLimits(max_chars=50)
+    app = create_app(engine, MemoryStore(), embedders=[embedder], input_limits=limits)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://respd.test") as client:
+        body = {"model": EMBED, "input": ["a" * 30, "b" * 30]}
+        r = await client.post("/v1/embeddings", json=body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "string_above_max_length"
+    assert not embedder.calls
+
+
 @pytest.fixture()
 async def keyed(engine: FakeEngine, embedder: FakeEmbedder) -> AsyncIterator[httpx.AsyncClient]:
     from respd.api.identity import KeyRing
