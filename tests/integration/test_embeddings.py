@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import time
 from collections.abc import Iterator
@@ -65,6 +66,28 @@ def test_a_client_that_hangs_up_stops_its_embeddings(server: RespdServer) -> Non
     )
     assert r.status_code == 200
     assert time.monotonic() - started < 20  # not the minute the forty inputs would take
+
+
+def test_embeddings_waiting_their_turn_leave_the_rest_of_the_server_served(
+    server: RespdServer,
+) -> None:
+    """Ten requests at once (more than the event loop's thread pool holds here: 6 threads
+    on 2 cores) wait for the model one after another; meanwhile the store, whose calls run
+    on that pool, answers a write at once — not after the requests queued ahead of it."""
+    body = {"model": MODEL_ID, "input": [f"{i} " + "word " * 30 for i in range(3)]}
+
+    def embed(_: int) -> int:
+        return httpx.post(server.base_url + "/v1/embeddings", json=body, timeout=300).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        waiting = [pool.submit(embed, i) for i in range(10)]
+        time.sleep(1.0)  # all ten sent, one running
+        started = time.monotonic()
+        made = httpx.post(server.base_url + "/v1/conversations", json={}, timeout=60)
+        took = time.monotonic() - started
+        assert made.status_code == 200 and not all(f.done() for f in waiting)
+        assert took < 2.5, took
+        assert [f.result() for f in waiting] == [200] * 10
 
 
 @pytest.fixture(scope="module")

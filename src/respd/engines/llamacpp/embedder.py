@@ -2,14 +2,16 @@
 
 The context is separate from the generating engine's (llama.cpp fixes embedding mode per
 context), loaded on the first request so a server that never embeds pays nothing, and used
-by one request at a time from a worker thread. Pooling is the GGUF's own (an embedding
-model declares it); a chat model declares none and is mean-pooled over its last hidden
-states."""
+by one request at a time from a thread of its own: requests waiting their turn hold no
+thread of the event loop's shared pool, which the store and prompt building use. Pooling
+is the GGUF's own (an embedding model declares it); a chat model declares none and is
+mean-pooled over its last hidden states."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,15 @@ from respd.engines.embedding import (
 )
 
 
+class _Stopped(Exception):
+    """The request was cancelled: the rest of its inputs are not embedded."""
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class LlamaEmbedder:
     def __init__(self, path: Path, *, model_id: str, n_ctx: int, n_threads: int) -> None:
         self.model_id = model_id
@@ -32,19 +43,24 @@ class LlamaEmbedder:
         self._n_threads = n_threads
         self._llama: Any = None
         self._lock = threading.Lock()
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"embed-{model_id}")
 
     async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
         """Run in a worker thread; cancelled (the client went away), the thread stops at
         the next input and leaves the context to the next request."""
         stop = threading.Event()
-        work = asyncio.ensure_future(asyncio.to_thread(self._embed, inputs, stop))
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self._thread, self._embed, inputs, stop)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
             stop.set()
+            work.add_done_callback(_retrieved)  # its `_Stopped` is expected, not an error
             raise
 
     def _embed(self, inputs: list[EmbeddingInput], stop: threading.Event) -> Embeddings:
+        if stop.is_set():  # cancelled while it waited its turn
+            raise _Stopped
         with self._lock:
             llama = self._loaded()
             sequences = [
@@ -62,7 +78,7 @@ class LlamaEmbedder:
             vectors = []
             for tokens in sequences:
                 if stop.is_set():
-                    raise asyncio.CancelledError  # nobody waits for the rest
+                    raise _Stopped  # nobody waits for the rest
                 vectors.append(normalized(self._pooled(llama, tokens)))
             return Embeddings(vectors, sum(len(t) for t in sequences))
 
@@ -103,6 +119,7 @@ class LlamaEmbedder:
         return list(pointer[: llama.n_embd()])
 
     def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             if self._llama is not None:
                 self._llama.close()
