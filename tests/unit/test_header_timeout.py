@@ -42,12 +42,14 @@ async def _closed(reader: asyncio.StreamReader) -> bytes:
 
 async def test_stalled_connections_are_closed(ports: Ports) -> None:
     async def case(port: int) -> None:
+        # Before the first connection: no deadline can have started earlier (the other
+        # protocol's case runs in the same loop, and may take turns in between).
+        t0 = time.monotonic()
         conns = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
         for i, (_, writer) in enumerate(conns):
             if i % 2:  # half send part of a request line, half nothing at all
                 writer.write(b"GET /hea")
                 await writer.drain()
-        t0 = time.monotonic()
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
             assert (await client.get("/")).status_code == 200  # served meanwhile
         await asyncio.wait_for(
@@ -91,9 +93,9 @@ async def test_kept_alive_connection_stalling_mid_head_is_closed(ports: Ports) -
         assert head.startswith(b"HTTP/1.1 200")
         await reader.readuntil(b"0\r\n\r\n")  # the chunked body's end
         await asyncio.sleep(TIMEOUT * 2)  # idle between requests: kept alive (keep-alive 30s)
+        t0 = time.monotonic()  # before the bytes go: the deadline cannot start earlier
         writer.write(b"GET / HTTP/1.1\r\nHo")  # the next head starts and stalls
         await writer.drain()
-        t0 = time.monotonic()
         assert await asyncio.wait_for(reader.read(), timeout=TIMEOUT + 3) == b""
         assert time.monotonic() - t0 >= TIMEOUT * 0.8
         writer.close()
