@@ -36,7 +36,7 @@ from respd.engines.upstream.stream import (
     StreamReader,
     UpstreamError,
     error_message,
-    error_status,
+    failure,
     merge_chunks,
     read_sse,
 )
@@ -145,14 +145,9 @@ class _UpstreamStream:
                 engine.healthy = False
                 engine.problem = f"{type(exc).__name__}: {exc}"
             log.warning("upstream request failed: %s", exc)
-            status = error_status(exc)
-            refused = 400 <= status < 500
+            message, status = failure(exc)
             yield GenerationDone(
-                "error",
-                prompt.n_tokens,
-                reader.chunks,
-                error=str(exc) if refused else f"The upstream engine failed: {exc}",
-                status=status,
+                "error", prompt.n_tokens, reader.chunks, error=message, status=status
             )
         finally:
             stats.running -= 1
@@ -339,9 +334,7 @@ class UpstreamEngine:
             tokens = int((data.get("usage") or {}).get("prompt_tokens") or 0)
         except (httpx.HTTPError, UpstreamError, ValueError, KeyError, TypeError) as exc:
             log.warning("upstream embeddings failed: %s", exc)
-            status = error_status(exc)
-            message = str(exc) if status < 500 else f"The upstream engine failed: {exc}"
-            raise EmbeddingFailed(message, status) from None
+            raise EmbeddingFailed(*failure(exc)) from None
         if len(vectors) != len(inputs):
             raise EmbeddingFailed("The upstream engine returned a vector count that differs.", 502)
         return Embeddings(vectors, tokens)

@@ -196,6 +196,13 @@ def error_status(exc: Exception) -> int:
     return 502
 
 
+def failure(exc: Exception) -> tuple[str, int]:
+    """What a client gets for an upstream failure: the message and `error_status`. The
+    upstream's own refusal reads as it wrote it; anything else says the upstream failed."""
+    status = error_status(exc)
+    return (str(exc) if status < 500 else f"The upstream engine failed: {exc}"), status
+
+
 def error_message(text: str) -> str:
     try:
         error = json.loads(text).get("error")
