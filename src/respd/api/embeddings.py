@@ -20,7 +20,7 @@ async def embeddings(request: Request) -> dict[str, Any]:
     models: EmbeddingModels = request.app.state.embeddings
     body = await parse_body(request, EmbeddingRequest)
     answer = await until_disconnect(request, create_embeddings(models, body))
-    metrics = getattr(request.app.state, "metrics", None)
-    if metrics is not None:
-        metrics.embedded_tokens.labels(body.model).inc(answer["usage"]["prompt_tokens"])
+    request.app.state.metrics.embedded_tokens.labels(body.model).inc(
+        answer["usage"]["prompt_tokens"]
+    )
     return answer

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 from dataclasses import asdict, replace
@@ -96,11 +95,11 @@ async def list_models(request: Request) -> dict[str, Any] | Response:
 @router.get("/v1/models/{model_id:path}")
 @router.get("/models/{model_id:path}", include_in_schema=False)
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    embeddings: EmbeddingModels = request.app.state.embeddings
-    if model_id not in {e.model_id for e in _models(request)}:
-        with contextlib.suppress(NotFound):
-            return _embedding_card(request, embeddings.get(model_id))
-    return _model_card(request, _models(request).get(model_id))
+    try:
+        return _model_card(request, _models(request).get(model_id))
+    except NotFound:  # an embedding model, or the same 404
+        embeddings: EmbeddingModels = request.app.state.embeddings
+        return _embedding_card(request, embeddings.get(model_id))
 
 
 @router.get("/health")

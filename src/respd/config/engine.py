@@ -233,27 +233,16 @@ class EngineConfig(BaseModel):
         embedding context is loaded only when first asked)."""
         from respd.engines.llamacpp.embedder import LlamaEmbedder  # loads llama.cpp
 
-        out: list[Embedder] = []
+        sources: list[tuple[Path, str]] = []
         if chat_model_id is not None:
-            out.append(
-                LlamaEmbedder(
-                    self.model_path(),
-                    model_id=chat_model_id,
-                    n_ctx=self.ctx_size,
-                    n_threads=self.threads,
-                )
-            )
+            sources.append((self.model_path(), chat_model_id))
         if self.embedding_model is not None:
             path = self.embedding_model.expanduser()
-            out.append(
-                LlamaEmbedder(
-                    path,
-                    model_id=alias_from_path(path),
-                    n_ctx=self.ctx_size,
-                    n_threads=self.threads,
-                )
-            )
-        return out
+            sources.append((path, alias_from_path(path)))
+        return [
+            LlamaEmbedder(path, model_id=model_id, n_ctx=self.ctx_size, n_threads=self.threads)
+            for path, model_id in sources
+        ]
 
     def speculation_settings(self) -> NgramSpeculation | None:
         """The draft settings of `--speculation ngram`; None: one token per step."""

@@ -51,10 +51,8 @@ class EmbeddingFailed(Exception):
 
 class Embedder(Protocol):
     model_id: str
-    # Tokens one input may have; the ids a token input may use run from 0 to n_vocab - 1
-    # (None: the engine cannot say, a remote server checks them itself).
+    # Tokens one input may have (None: a remote server checks lengths itself).
     max_tokens: int | None
-    n_vocab: int | None
 
     async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:
         """One unit vector per input; raises `InputTooLong`, `TokenOutOfRange` or

@@ -276,7 +276,6 @@ class FakeEmbedder:
         self.model_id = model_id
         self.width = width
         self.max_tokens: int | None = max_tokens
-        self.n_vocab: int | None = 0x110000
         self.calls: list[list[EmbeddingInput]] = []
 
     async def embed(self, inputs: list[EmbeddingInput]) -> Embeddings:

@@ -38,7 +38,6 @@ class LlamaEmbedder:
         self.model_id = model_id
         self.path = path
         self.max_tokens: int | None = n_ctx
-        self.n_vocab: int | None = None
         self._n_ctx = n_ctx
         self._n_threads = n_threads
         self._llama: Any = None
@@ -101,7 +100,6 @@ class LlamaEmbedder:
                 ),
                 verbose=False,
             )
-            self.n_vocab = self._llama.n_vocab()
         return self._llama
 
     @staticmethod
