@@ -6,6 +6,9 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from respd.cli import serve_help
 from respd.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,12 +29,15 @@ def test_flags_page_is_regenerated_unchanged() -> None:
     assert gen.PAGE.read_text() == gen.render(), "run scripts/gen_flags_doc.py"
 
 
-def test_flags_page_holds_what_serve_help_prints() -> None:
-    """The page quotes the help text whole and has a row per flag. That the help text is what
-    the command prints is `test_cli`'s check: it runs the command once."""
+def test_flags_page_holds_what_serve_help_prints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page quotes `serve_help()` whole, at the page's terminal width, and has a row per
+    flag. That `serve_help()` is what the command prints is `test_cli`'s check: it runs
+    the command once."""
     gen = _generator()
+    for name, value in gen.HELP_ENV.items():
+        monkeypatch.setenv(name, value)
     page = gen.PAGE.read_text()
-    assert f"```text\n{gen.help_text(gen.serve_parser())}```" in page
+    assert f"```text\n{serve_help()}```" in page
     for name in Settings.model_fields:
         assert f"| `--{name.replace('_', '-')}` |" in page
         assert f"| `RESPD_{name.upper()}` |" in page
