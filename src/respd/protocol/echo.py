@@ -37,7 +37,8 @@ _AS_SENT = (
 def echo_tools(tools: list[Any] | None) -> list[Any]:
     """The tools as sent, completed where the Response's types require a field a client
     may leave out: a function's `strict` (OpenAI echoes its default, true) and a
-    namespace's `description` (Codex sends namespaces without one)."""
+    namespace's `description` (Codex sends namespaces without one). An `mcp` tool loses
+    its `headers` and `authorization`."""
     out = []
     for tool in tools or []:
         if isinstance(tool, dict):
@@ -45,6 +46,11 @@ def echo_tools(tools: list[Any] | None) -> list[Any]:
                 tool = {**tool, "strict": True}
             elif tool.get("type") == "namespace" and tool.get("description") is None:
                 tool = {**tool, "description": ""}
+            elif tool.get("type") == "mcp":
+                # an MCP server's credentials are sent to it, never echoed nor stored
+                tool = {k: v for k, v in tool.items() if k != "authorization"}
+                if tool.get("headers") is not None:
+                    tool["headers"] = None
         out.append(tool)
     return out
 

@@ -24,8 +24,10 @@ from openai.types.responses import (
     ResponseFunctionCallArgumentsDeltaEvent,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
+    ResponseMcpCallArgumentsDeltaEvent,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
+    ResponseOutputTextAnnotationAddedEvent,
     ResponseQueuedEvent,
     ResponseReasoningSummaryPartAddedEvent,
     ResponseReasoningSummaryPartDoneEvent,
@@ -47,6 +49,12 @@ from respd.service.generation.output import (
     Usage,
 )
 from respd.service.ids import new_id
+from respd.service.responses.hosted_items import (
+    ended_events,
+    finished_item,
+    item_object,
+    started_events,
+)
 from respd.service.responses.text_items import (
     ID_PREFIX,
     TEXT_EVENTS,
@@ -54,8 +62,9 @@ from respd.service.responses.text_items import (
     TextKind,
     summarize_reasoning,
 )
-from respd.service.responses.tool_items import CALL_ITEM, OpenCall
+from respd.service.responses.tool_items import CALL_ITEM, SERVER_KINDS, OpenCall
 from respd.service.tools.definitions import ToolRoute
+from respd.service.tools.hosted.base import Outcome
 
 # The item types of calls the client runs (every call this machine writes).
 CLIENT_CALL_TYPES = frozenset(item_type for item_type, _ in CALL_ITEM.values())
@@ -114,6 +123,10 @@ class ResponseEventMachine:
     # its generation stops at the next safe boundary; `post` queues the notices its stream
     # carries, numbered in order when `notices` takes them.
     steered: bool = False
+    # Calls of tools this server runs, written and waiting to run (their items stay open).
+    pending: list[OpenCall] = field(default_factory=list)
+    # The annotations (citations) of the answer's text, once it is whole.
+    annotate: Callable[[str], list[dict[str, Any]]] | None = None
     _posted: list[tuple[type[BaseModel], dict[str, Any]]] = field(default_factory=list)
 
     # -- snapshots ------------------------------------------------------------------------
@@ -271,6 +284,7 @@ class ResponseEventMachine:
         t = self._text
         assert t is not None
         self._text = None
+        cited = self._citations(t) if item_status == "completed" else []
         item = t.item(item_status)
         if t.kind == "message" and phase is not None:
             item["phase"] = phase
@@ -287,6 +301,7 @@ class ResponseEventMachine:
         prefix, _, done_cls, item_cls = TEXT_EVENTS[t.kind]
         extra: dict[str, Any] = {"logprobs": t.logprobs} if t.kind == "message" else {}
         closing = [
+            *cited,
             self._event(
                 done_cls,
                 type=f"{prefix}.done",
@@ -315,6 +330,25 @@ class ResponseEventMachine:
                 output_index=t.output_index,
                 item=item_cls.model_validate(item),
             ),
+        ]
+
+    def _citations(self, t: OpenText) -> list[ResponseStreamEvent]:
+        """A finished answer's citations of what server-run searches found: set on its
+        part, one `annotation.added` event each."""
+        if t.kind != "message" or self.annotate is None:
+            return []
+        t.annotations = self.annotate(t.text)
+        return [
+            self._event(
+                ResponseOutputTextAnnotationAddedEvent,
+                type="response.output_text.annotation.added",
+                item_id=t.id,
+                output_index=t.output_index,
+                content_index=0,
+                annotation_index=i,
+                annotation=annotation,
+            )
+            for i, annotation in enumerate(t.annotations)
         ]
 
     def _summary_events(self, t: OpenText, summary: str) -> list[ResponseStreamEvent]:
@@ -400,12 +434,17 @@ class ResponseEventMachine:
         if call is None or not delta:
             return []
         call.arguments += delta
-        if call.route.kind != "function":
+        if call.route.kind not in ("function", "mcp"):
             return []
+        cls, prefix = (
+            (ResponseFunctionCallArgumentsDeltaEvent, "response.function_call_arguments")
+            if call.route.kind == "function"
+            else (ResponseMcpCallArgumentsDeltaEvent, "response.mcp_call_arguments")
+        )
         return [
             self._delta_event(
-                ResponseFunctionCallArgumentsDeltaEvent,
-                type="response.function_call_arguments.delta",
+                cls,
+                type=f"{prefix}.delta",
                 item_id=call.id,
                 output_index=call.output_index,
                 delta=delta,
@@ -420,9 +459,13 @@ class ResponseEventMachine:
         if arguments != call.arguments and arguments.startswith(call.arguments):
             events += self.function_call_arguments(arguments[len(call.arguments) :])
         self._call = None
+        events += [self._event(cls, **fields) for cls, fields in call.closing_events()]
+        if complete and call.route.kind in SERVER_KINDS:
+            self.output[call.output_index] = call.item("in_progress")
+            self.pending.append(call)  # finished once it has run (`run_finished`)
+            return events
         item = call.item("completed" if complete else "incomplete")
         self.output[call.output_index] = item
-        events += [self._event(cls, **fields) for cls, fields in call.closing_events()]
         events.append(
             self._event(
                 ResponseOutputItemDoneEvent,
@@ -431,6 +474,53 @@ class ResponseEventMachine:
                 item=call.done_item(item),
             )
         )
+        return events
+
+    # -- calls this server runs ---------------------------------------------------------
+
+    def run_started(self, index: int) -> list[ResponseStreamEvent]:
+        """The call whose item is at `index` starts running."""
+        where = {"item_id": self.output[index]["id"], "output_index": index}
+        return [
+            self._event(cls, **fields) for cls, fields in started_events(self.output[index], where)
+        ]
+
+    def run_finished(self, index: int, outcome: Outcome) -> list[ResponseStreamEvent]:
+        """The call at `index` ran: its item finished with what the run gave."""
+        item = finished_item(self.output[index], outcome)
+        self.output[index] = item
+        where = {"item_id": item["id"], "output_index": index}
+        events = [self._event(cls, **fields) for cls, fields in ended_events(item, where)]
+        events.append(
+            self._event(
+                ResponseOutputItemDoneEvent,
+                type="response.output_item.done",
+                output_index=index,
+                item=item_object(item),
+            )
+        )
+        return events
+
+    def ran_item(self, item: dict[str, Any]) -> list[ResponseStreamEvent]:
+        """An item run before the model's first pass (a tools listing, an approved call),
+        told as if it ran now: added, started, ended, done."""
+        announced = {**item, "status": "in_progress"} if "status" in item else item
+        if item["type"] == "mcp_list_tools":
+            announced = {**item, "tools": [], "error": None}
+        index, events = self.add_item(announced)
+        where = {"item_id": item["id"], "output_index": index}
+        events += [self._event(cls, **fields) for cls, fields in started_events(item, where)]
+        events += [self._event(cls, **fields) for cls, fields in ended_events(item, where)]
+        return events + self.item_done(index, item)
+
+    def close_pending(self) -> list[ResponseStreamEvent]:
+        """Calls that will not run (the response ends first): finished `incomplete`."""
+        events: list[ResponseStreamEvent] = []
+        for call in self.pending:
+            item = call.item("incomplete")
+            self.output[call.output_index] = item
+            events += self.item_done(call.output_index, item)
+        self.pending.clear()
         return events
 
     def apply(self, event: OutputEvent) -> list[ResponseStreamEvent]:

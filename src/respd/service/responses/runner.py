@@ -29,17 +29,18 @@ from respd.service.responses.auto_compaction import PendingCompaction, compactin
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.history import History, resolve_history
 from respd.service.responses.items import normalize_items
-from respd.service.responses.searching import SearchLoop, searching_events
 from respd.service.responses.summary import (
     compaction_item,
     compaction_threshold,
     split_for_compaction,
     summarize,
 )
+from respd.service.responses.tool_loop import MAX_SERVER_CALLS, ToolLoop, tool_loop_events
 from respd.service.responses.translate import check_item_shapes, input_to_messages
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
-from respd.service.tools.definitions import ToolRoute, responses_tool_choice
+from respd.service.tools.definitions import ResponseTools, ToolRoute, responses_tool_choice
+from respd.service.tools.hosted.plan import HostedTools
 from respd.service.tools.tool_search import SearchPlan, load_found, offered_tools
 from respd.store.base import JSON, ResponseRecord
 
@@ -81,6 +82,8 @@ class PreparedResponse(Turn):
     search: SearchPlan | None = field(default=None, kw_only=True)
     # automatic compaction, made in the response's stream before it generates
     compaction: PendingCompaction | None = field(default=None, kw_only=True)
+    # the tools this server runs for the model (MCP, file and web search)
+    hosted: HostedTools | None = field(default=None, kw_only=True)
 
     def machine(self, **fields: Any) -> ResponseEventMachine:
         """The event machine for this response: its echo, how its calls map back, whether
@@ -94,6 +97,7 @@ class PreparedResponse(Turn):
             routes=self.routes,
             seal_reasoning=seal,
             reasoning_summary=summary if summary in SUMMARY_MODES else None,
+            annotate=self.hosted.annotate if self.hosted is not None else None,
             **fields,
         )
 
@@ -189,6 +193,7 @@ class ResponseRunner:
         self.media = shared.media
         self.runs = shared.runs
         self.limits = shared.limits
+        self.toolbox = shared.toolbox
 
     def checked_engine(self, req: CreateResponseRequest) -> Engine:
         """The engine of the request's model, after the checks that need no history
@@ -238,6 +243,14 @@ class ResponseRunner:
         history, messages = await self.context(engine, req, owner, req.input)
         # tools earlier searches loaded: offered, and choosable, like the request's own
         load_found(offered, [history.items, req.input], engine.check_schema)
+        input_items = normalize_items(req.input)
+        hosted = await self._hosted(engine, req, owner, offered, history, input_items)
+        if hosted is not None:
+            messages += input_to_messages(
+                hosted.prompt_items,
+                prior=messages,
+                lowering=Lowering(engine.model_id, engine.vision),
+            )
         tools = offered.tools
         policy = responses_tool_choice(req.tool_choice, tools)
         if req.max_tool_calls is not None and req.max_tool_calls < 1:
@@ -265,7 +278,7 @@ class ResponseRunner:
         fitted = await self._fit(engine, spec, req.context_management)
         generation: PreparedGeneration | None = None
         pending: PendingCompaction | None = None
-        lead: list[JSON] = []
+        lead: list[JSON] = [*hosted.listed, *hosted.ran] if hosted is not None else []
         if not isinstance(fitted, PendingCompaction):
             generation = fitted
         elif stream_compaction:
@@ -273,12 +286,12 @@ class ResponseRunner:
         else:
             summary = await summarize(engine, fitted.replaced, self.runs)
             generation = await core.prepare(engine, fitted.compacted(summary.text))
-            lead = [compaction_item(self.sealer, summary.text)]
+            lead = [compaction_item(self.sealer, summary.text), *lead]
         echo = build_echo(req, sampling, engine, history.conversation_id)
         return PreparedResponse(
             req,
             owner,
-            normalize_items(req.input),
+            input_items,
             history,
             generation=generation,
             echo=echo,
@@ -287,7 +300,45 @@ class ResponseRunner:
             lead=lead,
             search=offered.search if offered.search.hosted else None,
             compaction=pending,
+            hosted=hosted,
         )
+
+    async def _hosted(
+        self,
+        engine: Engine,
+        req: CreateResponseRequest,
+        owner: str,
+        offered: ResponseTools,
+        history: History,
+        input_items: list[JSON],
+    ) -> HostedTools | None:
+        """The server-run tools, offered beside the request's own (their calls routed to
+        their items); None when the request has none and answers no approval."""
+        answers = any(i.get("type") == "mcp_approval_response" for i in input_items)
+        if not offered.hosted and not answers:
+            return None
+        hosted = await self.toolbox.plan(
+            offered.hosted,
+            owner=owner,
+            include=req.include or [],
+            history=history.items,
+            input_items=input_items,
+            check=engine.check_schema,
+        )
+        if hosted is None:
+            return None
+        names = {t.name for t in offered.tools}
+        for tool in hosted.definitions:
+            if tool.name in names:
+                raise InvalidRequest(
+                    f"Duplicate function name '{tool.name}' in 'tools': a server-run tool is "
+                    "shown to the model under that name.",
+                    param="tools",
+                    code="invalid_value",
+                )
+            offered.tools.append(tool)
+            offered.routes[tool.name] = hosted.routes[tool.name]
+        return hosted
 
     async def _fit(
         self, engine: Engine, spec: GenerationSpec, management: list[JSON] | None
@@ -416,11 +467,18 @@ class ResponseRunner:
     ) -> AsyncGenerator[ResponseStreamEvent, None]:
         ready = prepared.ready
         generation = core.run(ready, self.runs)
-        if prepared.search is not None:
-            cap = prepared.request.max_tool_calls  # counts hosted searches too
-            loop = SearchLoop(ready.engine, ready.spec, self.runs, prepared.search)
-            loop.max_searches = min(loop.max_searches, cap or loop.max_searches)
-            return searching_events(machine, generation, prepared.lead, loop, started=started)
+        if prepared.search is not None or prepared.hosted is not None:
+            cap = prepared.request.max_tool_calls  # counts every server-run call
+            loop = ToolLoop(
+                ready.engine,
+                ready.spec,
+                self.runs,
+                prepared.search,
+                prepared.hosted,
+                max_calls=cap or MAX_SERVER_CALLS,
+            )
+            loop.max_searches = min(loop.max_searches, loop.max_calls)
+            return tool_loop_events(machine, generation, prepared.lead, loop, started=started)
         return self._events(machine, generation, prepared.lead, started=started)
 
     async def _events(

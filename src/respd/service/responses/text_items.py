@@ -51,6 +51,7 @@ class OpenText:
     output_index: int
     text: str = ""
     logprobs: list[dict[str, Any]] = field(default_factory=list)  # message text only
+    annotations: list[dict[str, Any]] = field(default_factory=list)  # its citations
 
     def part(self) -> dict[str, Any]:
         if self.kind == "reasoning":
@@ -58,7 +59,7 @@ class OpenText:
         return {
             "type": "output_text",
             "text": self.text,
-            "annotations": [],
+            "annotations": list(self.annotations),
             "logprobs": list(self.logprobs),
         }
 

@@ -18,15 +18,23 @@ from openai.types.responses import (
     ResponseCustomToolCall,
     ResponseCustomToolCallInputDeltaEvent,
     ResponseCustomToolCallInputDoneEvent,
+    ResponseFileSearchToolCall,
     ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionShellToolCall,
     ResponseFunctionToolCall,
+    ResponseFunctionWebSearch,
+    ResponseMcpCallArgumentsDoneEvent,
     ResponseToolSearchCall,
 )
-from openai.types.responses.response_output_item import LocalShellCall
+from openai.types.responses.response_output_item import (
+    LocalShellCall,
+    McpApprovalRequest,
+    McpCall,
+)
 from pydantic import BaseModel
 
 from respd.service.tools.definitions import ToolRoute
+from respd.service.tools.hosted.file_search import queries_of
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -46,7 +54,13 @@ CALL_ITEM = {
     "shell": ("shell_call", "sh"),
     "apply_patch": ("apply_patch_call", "apc"),
     "tool_search": ("tool_search_call", "tsc"),
+    "mcp": ("mcp_call", "mcp"),
+    "mcp_approval": ("mcp_approval_request", "mcpr"),
+    "file_search": ("file_search_call", "fs"),
+    "web_search": ("web_search_call", "ws"),
 }
+# The calls this server runs itself: their items stay open until the call has run.
+SERVER_KINDS = frozenset({"mcp", "file_search", "web_search"})
 _PATCH_OPERATIONS = ("create_file", "update_file", "delete_file")
 # The class of each kind of call's finished item.
 _ITEM_CLASSES: dict[str, type[BaseModel]] = {
@@ -56,6 +70,10 @@ _ITEM_CLASSES: dict[str, type[BaseModel]] = {
     "shell": ResponseFunctionShellToolCall,
     "apply_patch": ResponseApplyPatchToolCall,
     "tool_search": ResponseToolSearchCall,
+    "mcp": McpCall,
+    "mcp_approval": McpApprovalRequest,
+    "file_search": ResponseFileSearchToolCall,
+    "web_search": ResponseFunctionWebSearch,
 }
 
 
@@ -105,6 +123,8 @@ class OpenCall:
         if route.kind == "apply_patch" and status != "completed":
             status = "in_progress"  # the item type knows no other unfinished state
         head = {"id": self.id, "type": CALL_ITEM[route.kind][0], "status": status}
+        if route.kind in SERVER_KINDS or route.kind == "mcp_approval":
+            return self._hosted_item(head)
         if route.kind == "tool_search":
             # a hosted search has no call id: its output follows it in the same response
             execution = route.execution or "server"
@@ -144,6 +164,26 @@ class OpenCall:
             head["namespace"] = route.namespace
         return head
 
+    def _hosted_item(self, head: dict[str, Any]) -> dict[str, Any]:
+        """A call of a tool this server runs: its item as it stands before it has run."""
+        route, args = self.route, _json_object(self.arguments)
+        if route.kind in ("mcp", "mcp_approval"):
+            if route.kind == "mcp_approval":
+                del head["status"]  # a request to approve has no status
+            names = {"server_label": route.namespace or "", "name": route.name}
+            return {**head, **names, "arguments": self.arguments}
+        if route.kind == "file_search":
+            return {**head, "queries": queries_of(args), "results": None}
+        if route.name == "open_page":
+            url = args.get("url")
+            return {
+                **head,
+                "action": {"type": "open_page", "url": url if isinstance(url, str) else ""},
+            }
+        query = args.get("query")
+        query = query if isinstance(query, str) else ""
+        return {**head, "action": {"type": "search", "query": query, "queries": [query]}}
+
     def closing_events(self) -> list[tuple[type[BaseModel], dict[str, Any]]]:
         """The events that end the call ahead of its `output_item.done`, as (class, fields)
         for the machine to number: a function call's arguments, a custom tool call's input
@@ -157,6 +197,13 @@ class OpenCall:
                 "name": self.route.name,  # required by older SDKs (3.3.x), harmless for newer
             }
             return [(ResponseFunctionCallArgumentsDoneEvent, done)]
+        if self.route.kind == "mcp":
+            done = {
+                "type": "response.mcp_call_arguments.done",
+                **where,
+                "arguments": self.arguments,
+            }
+            return [(ResponseMcpCallArgumentsDoneEvent, done)]
         if self.route.kind != "custom":
             return []
         text = self.input_text()

@@ -14,6 +14,7 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.media.lowering import Lowering, lower_message, lower_tool_output
 from respd.service.sealing import Sealer, Unsealable
 from respd.service.tools.definitions import APPLY_PATCH, LOCAL_SHELL, SHELL, namespaced
+from respd.service.tools.hosted.calls import server_call
 from respd.service.tools.tool_search import SEARCH_NAME, output_text
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -24,22 +25,24 @@ _NOT_YET_ITEMS = {
 SUMMARY_HEADER = "A summary of the conversation so far:"
 # What an assistant message's `phase` may say (a preamble before calls, or the answer).
 PHASES = (None, "commentary", "final_answer")
-# The record of a hosted tool's work in an earlier turn (OpenAI ran it; a client replays
-# it). This server runs none of them, so the model is not shown what it cannot use.
+# The record of a hosted tool's work that the model is not shown: the work of tools this
+# server does not run (a client may replay OpenAI's), a listing of an MCP server's tools
+# (offered as functions instead), and an approval asked or given (the call it allowed is
+# an `mcp_call` item of its own).
 _HOSTED_CALL_ITEMS = frozenset(
     {
-        "web_search_call",
-        "file_search_call",
         "image_generation_call",
         "code_interpreter_call",
         "computer_call",
         "computer_call_output",
         "mcp_list_tools",
-        "mcp_call",
         "mcp_approval_request",
         "mcp_approval_response",
     }
 )
+# Calls this server runs: each is shown as the function call the model made, then its
+# result.
+_SERVER_CALL_ITEMS = frozenset({"mcp_call", "file_search_call", "web_search_call"})
 
 
 def _role(value: Any, param: str) -> str:
@@ -91,12 +94,14 @@ def input_to_messages(
     prior: list[ChatMessage] | None = None,
     prefix: str = "input",
     sealer: Sealer | None = None,
+    results: dict[str, str] | None = None,
 ) -> list[ChatMessage]:
     """Translate the Responses `input` field. `prior` is the history it continues (from
     `previous_response_id` or a conversation): a `function_call_output` may answer a call
     made there. `lowering` carries the media the resolution pass found (`media/resolver.py`)
     and the model's image capability; `sealer` opens the sealed state (compaction items,
-    encrypted reasoning) this server handed out."""
+    encrypted reasoning) this server handed out. `results`: the full result text of
+    server-run calls by item id, where the item keeps less of it than the model read."""
     low = lowering
     check_item_shapes(items, prefix)
     if items is None:
@@ -141,6 +146,10 @@ def input_to_messages(
         elif kind == "apply_patch_call_output":
             text = f"{item.get('status') or 'completed'}: {item.get('output') or ''}".strip()
             _client_output(item, param, messages, prior or [], APPLY_PATCH, text)
+        elif kind in _SERVER_CALL_ITEMS:
+            call, text = server_call(item, (results or {}).get(str(item.get("id"))))
+            _add_call(call, messages)
+            messages.append(ChatMessage("tool", text, tool_call_id=call.id, name=call.name))
         elif kind in _HOSTED_CALL_ITEMS or kind == "compaction_trigger":
             # a trigger is met only in a stored compaction turn's input: its output (the
             # compaction item) follows it and stands for what it asked

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from respd.engines.base import ToolDefinition
@@ -97,7 +97,18 @@ def _check_unique(tools: list[ToolDefinition], param: str) -> list[ToolDefinitio
     return tools
 
 
-CallKind = Literal["function", "custom", "local_shell", "shell", "apply_patch", "tool_search"]
+CallKind = Literal[
+    "function",
+    "custom",
+    "local_shell",
+    "shell",
+    "apply_patch",
+    "tool_search",
+    "mcp",  # an MCP server's tool, run by this server (namespace: the server's label)
+    "mcp_approval",  # the same, when the client must approve each call first
+    "file_search",
+    "web_search",  # name: "web_search" or "open_page", the action the model takes
+]
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,9 @@ class ResponseTools:
     routes: dict[str, ToolRoute]
     omitted: list[str]
     search: Any = None
+    # the entries of tools this server runs (mcp, file_search, web_search), with their
+    # param, for `hosted/plan.py` to turn into functions once it knows their tools
+    hosted: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def is_deferred(tool: dict[str, Any]) -> bool:
@@ -130,19 +144,14 @@ def is_deferred(tool: dict[str, Any]) -> bool:
     return tool.get("type") == "function" and tool.get("defer_loading") is True
 
 
-# Tools OpenAI runs on its side. A client (Codex sends `web_search` on every turn) may
-# offer them; they are left out of the prompt, not refused, so the client's turn goes on.
-HOSTED_TOOLS = frozenset(
-    {
-        "web_search",
-        "web_search_preview",
-        "web_search_preview_2025_03_11",
-        "web_search_2025_08_26",
-        "file_search",
-        "mcp",
-        "tool_search",
-    }
+WEB_SEARCH_TOOLS = frozenset(
+    {"web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26"}
 )
+# Tools this server runs itself, inside the response (`service/tools/hosted/`).
+SERVER_RUN_TOOLS = WEB_SEARCH_TOOLS | {"file_search", "mcp"}
+# Tools OpenAI runs on its side that this server runs too (or, like a web search with no
+# search backend, leaves out of the prompt: Codex sends `web_search` on every turn).
+HOSTED_TOOLS = SERVER_RUN_TOOLS | {"tool_search"}
 # Hosted tools whose whole point is what they run: code, a computer, an image model. An
 # answer made without them would pretend otherwise, so they are refused, naming the tool.
 REFUSED_TOOLS: dict[str, str] = {
@@ -151,6 +160,10 @@ REFUSED_TOOLS: dict[str, str] = {
     "computer": "it drives no computer for the model",
     "image_generation": "it has no image generation model",
 }
+# The functions the server-run search tools are shown as.
+FILE_SEARCH_NAME = "file_search"
+WEB_SEARCH_NAME = "web_search"
+OPEN_PAGE_NAME = "open_page"
 LOCAL_SHELL = "local_shell"
 SHELL = "shell"
 APPLY_PATCH = "apply_patch"
@@ -215,6 +228,15 @@ def namespaced(namespace: str | None, name: str) -> str:
     return f"{namespace}__{name}" if namespace else name
 
 
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def mcp_shown_name(server_label: str, tool: str) -> str:
+    """The function name an MCP server's tool is shown under: `label__tool`, in the
+    characters a function name allows, at most 64 of them."""
+    return _NOT_NAME.sub("_", namespaced(server_label, tool))[:64]
+
+
 def _custom_tool(fields: dict[str, Any], param: str, check: SchemaCheck) -> ToolDefinition:
     """A custom tool, shown as a function of one string, `input`, held to its format."""
     name = _name(fields, param, "tool")
@@ -259,6 +281,7 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
     out: list[ToolDefinition] = []
     routes: dict[str, ToolRoute] = {}
     omitted: list[str] = []
+    hosted: list[tuple[str, dict[str, Any]]] = []
 
     def add(entry: dict[str, Any], param: str, namespace: str | None = None) -> None:
         kind = _kind(entry, param)
@@ -290,6 +313,8 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
                         "invalid_type",
                     )
                 add(sub, f"{param}.tools[{j}]", name)
+        elif kind in SERVER_RUN_TOOLS and namespace is None:
+            hosted.append((param, entry))
         elif kind in HOSTED_TOOLS and namespace is None:
             omitted.append(str(kind))
         elif kind in REFUSED_TOOLS:
@@ -308,7 +333,7 @@ def responses_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> R
         if not isinstance(tool, dict):
             raise _bad(f"Invalid type for '{param}': expected an object.", param, "invalid_type")
         add(tool, param)
-    return ResponseTools(_check_unique(out, "tools"), routes, omitted)
+    return ResponseTools(_check_unique(out, "tools"), routes, omitted, hosted=hosted)
 
 
 def chat_tools(tools: list[dict[str, Any]] | None, check: SchemaCheck) -> list[ToolDefinition]:
@@ -385,6 +410,13 @@ def _as_function_choice(entry: Any, param: str) -> Any:
         return {"type": "function", "name": namespaced(entry.get("namespace"), entry["name"])}
     if kind in CLIENT_TOOLS:
         return {"type": "function", "name": kind}
+    if kind == "file_search":
+        return {"type": "function", "name": FILE_SEARCH_NAME}
+    if kind in WEB_SEARCH_TOOLS:
+        return {"type": "function", "name": WEB_SEARCH_NAME}
+    if kind == "mcp" and isinstance(entry.get("name"), str):
+        label = entry.get("server_label")
+        return {"type": "function", "name": mcp_shown_name(str(label), entry["name"])}
     if kind in HOSTED_TOOLS or kind in REFUSED_TOOLS or str(kind).startswith("web_search"):
         raise Unsupported(
             f"A '{kind}' tool cannot be chosen: this server does not run hosted tools.",
@@ -393,7 +425,25 @@ def _as_function_choice(entry: Any, param: str) -> Any:
     return entry
 
 
+def _mcp_server_choice(choice: dict[str, Any], tools: list[ToolDefinition]) -> ToolPolicy:
+    """`{"type": "mcp", "server_label"}` with no tool named: one of that server's tools."""
+    label = choice.get("server_label")
+    if not isinstance(label, str):
+        raise MissingParameter("tool_choice.server_label")
+    prefix = mcp_shown_name(label, "")
+    names = tuple(t.name for t in tools if t.name.startswith(prefix))
+    if not names:
+        raise _bad(
+            f"Invalid 'tool_choice.server_label': no tools of MCP server {label!r} are "
+            "offered in 'tools'.",
+            "tool_choice.server_label",
+        )
+    return ToolPolicy("required", names)
+
+
 def responses_tool_choice(choice: Any, tools: list[ToolDefinition]) -> ToolPolicy:
+    if isinstance(choice, dict) and choice.get("type") == "mcp" and choice.get("name") is None:
+        return _mcp_server_choice(choice, tools)
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
         entries = choice.get("tools")
         if isinstance(entries, list):

@@ -1,12 +1,16 @@
-"""A response whose model may search for tools this server finds (hosted tool search).
+"""A response whose model calls tools this server runs: several passes of the model in one
+response.
 
-One response, several passes of the model: a pass that ends with hosted `tool_search`
-calls (and no call the client must run) gets each search's `tool_search_output` item,
-then the model goes on in a new pass whose prompt holds the search and its result, and
-whose tools include the ones found. Every pass writes into the same event machine, so the
-client sees one response: its items in order, its usage the sum of the passes'. A pass
-that cannot start (the prompt grew past the context, the engine is full) fails the
-response, with the items so far kept.
+A pass that ends having called server-run tools (an MCP server's tool, a file or web
+search, a hosted tool search) gets each call run, its item finished with the result, and
+the model goes on in a new pass whose prompt holds the calls and what they gave (a tool
+search's found tools join its tools). Every pass writes into the same event machine, so the
+client sees one response: its items in order, its usage the sum of the passes'. The
+response ends when a pass answers, calls a tool the client runs (the server-run calls of
+that pass still run), or when the server-run calls reach the response's cap (the model is
+then no longer offered them). A pass that cannot start (the prompt grew past the context,
+the engine is full) fails the response, with the items so far kept. Cancelling (a client
+that hangs up, a cancel, shutdown) stops a running call as it stops generation.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
@@ -29,6 +33,7 @@ from respd.service.media.lowering import Lowering
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.translate import input_to_messages
 from respd.service.tools.definitions import ToolRoute, responses_tools
+from respd.service.tools.hosted.plan import HostedTools
 from respd.service.tools.tool_search import (
     MAX_SEARCHES,
     SEARCH_NAME,
@@ -39,10 +44,19 @@ from respd.service.tools.tool_search import (
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
-# The client-run calls that end a response whatever else the pass did.
-_CLIENT_CALLS = frozenset(
-    {"function_call", "custom_tool_call", "local_shell_call", "shell_call", "apply_patch_call"}
+# The client-run calls (and approvals asked) that end a response whatever else the pass did.
+_CLIENT_ITEMS = frozenset(
+    {
+        "function_call",
+        "custom_tool_call",
+        "local_shell_call",
+        "shell_call",
+        "apply_patch_call",
+        "mcp_approval_request",
+    }
 )
+# Server-run calls one response may make when the request sets no `max_tool_calls`.
+MAX_SERVER_CALLS = 8
 
 
 def _add(a: Usage, b: Usage) -> Usage:
@@ -55,20 +69,24 @@ def _add(a: Usage, b: Usage) -> Usage:
 
 
 @dataclass
-class SearchLoop:
+class ToolLoop:
     """What a new pass needs: the engine, the first pass's spec, the runs in flight, the
-    deferred tools, and how many searches the response may run."""
+    deferred tools (hosted tool search) and the server-run tools, and how many server-run
+    calls the response may make (`max_searches` bounds tool searches among them)."""
 
     engine: Engine
     spec: GenerationSpec
     runs: ActiveRuns | None
-    plan: SearchPlan
+    plan: SearchPlan | None = None
+    hosted: HostedTools | None = None
+    max_calls: int = MAX_SERVER_CALLS
     max_searches: int = MAX_SEARCHES
+    # the full result text of each server-run call, by item id, for the next pass
+    results: dict[str, str] = field(default_factory=dict)
 
     def searches(self, items: list[JSON]) -> list[JSON]:
-        """The hosted searches a pass asked for, if the response goes on after it: none
-        when it also called a tool the client runs."""
-        if any(item["type"] in _CLIENT_CALLS for item in items):
+        """The hosted searches a pass made."""
+        if self.plan is None:
             return []
         return [
             item
@@ -79,6 +97,7 @@ class SearchLoop:
         ]
 
     def output_item(self, call: JSON) -> JSON:
+        assert self.plan is not None
         arguments = call.get("arguments")
         found = search(arguments if isinstance(arguments, dict) else {}, self.plan.deferred)
         log.info("tool search %s found %d tools", arguments, len(found))
@@ -92,13 +111,20 @@ class SearchLoop:
         }
 
     def next_spec(
-        self, spec: GenerationSpec, items: list[JSON], searched: int, routes: dict[str, ToolRoute]
+        self,
+        spec: GenerationSpec,
+        items: list[JSON],
+        made: int,
+        searched: int,
+        routes: dict[str, ToolRoute],
     ) -> GenerationSpec:
         """The next pass: the conversation with this pass's items, the tools found added
-        (their calls mapping back through `routes`); the search function itself left out
-        once the response has searched enough."""
+        (their calls mapping back through `routes`); the server-run tools left out once the
+        response has called enough of them."""
         lowering = Lowering(self.engine.model_id, self.engine.vision)
-        added = input_to_messages(items, prior=spec.messages, lowering=lowering)
+        added = input_to_messages(
+            items, prior=spec.messages, lowering=lowering, results=self.results
+        )
         tools = list(spec.tools)
         names = {t.name for t in tools}
         found = [t for item in items if item["type"] == "tool_search_output" for t in item["tools"]]
@@ -108,26 +134,53 @@ class SearchLoop:
                 tools.append(tool)
                 names.add(tool.name)
                 routes[tool.name] = loaded.routes[tool.name]
-        if searched >= self.max_searches:
+        if searched >= self.max_searches or made >= self.max_calls:
             tools = [t for t in tools if t.name != SEARCH_NAME]
+        if made >= self.max_calls and self.hosted is not None:
+            tools = [t for t in tools if t.name not in self.hosted.routes]
         # a forced choice was the first pass's: from here the model may answer
         policy = spec.policy
         allowed = policy.allowed
         if allowed is not None:
             allowed = (*allowed, *(t.name for t in loaded.tools if t.name not in allowed))
+            allowed = tuple(name for name in allowed if name in {t.name for t in tools})
         policy = replace(policy, mode="auto" if policy.mode == "required" else policy.mode)
-        policy = replace(policy, allowed=allowed)
+        policy = replace(policy, allowed=allowed or None)
+        if not tools:
+            policy = replace(policy, mode="none", allowed=None)
         return replace(spec, messages=[*spec.messages, *added], tools=tools, policy=policy)
 
     async def start(self, spec: GenerationSpec) -> core.Run:
         return core.run(await core.prepare(self.engine, spec), self.runs)
 
 
-async def searching_events(
+async def _run_calls(
+    machine: ResponseEventMachine, loop: ToolLoop, made: int
+) -> AsyncGenerator[ResponseStreamEvent, None]:
+    """Run the server-run calls the pass wrote, in order; those past the cap are closed
+    unrun."""
+    hosted = loop.hosted
+    pending, machine.pending = list(machine.pending), []
+    for call in pending:
+        if hosted is None or made >= loop.max_calls:
+            machine.pending.append(call)
+            continue
+        made += 1
+        for event in machine.run_started(call.output_index):
+            yield event
+        outcome = await hosted.run(call.route, call.arguments)
+        loop.results[call.id] = outcome.text
+        for event in machine.run_finished(call.output_index, outcome):
+            yield event
+    for event in machine.close_pending():
+        yield event
+
+
+async def tool_loop_events(
     machine: ResponseEventMachine,
     first: core.Run,
     lead: list[JSON],
-    loop: SearchLoop,
+    loop: ToolLoop,
     *,
     started: bool = False,
 ) -> AsyncGenerator[ResponseStreamEvent, None]:
@@ -135,10 +188,11 @@ async def searching_events(
     (`started`: the machine has already sent its start)."""
     for event in [] if started else machine.start():
         yield event
-    for made in lead:
-        for event in machine.whole_item(made):
+    for made_item in lead:
+        ran = made_item["type"] in ("mcp_list_tools", "mcp_call")
+        for event in machine.ran_item(made_item) if ran else machine.whole_item(made_item):
             yield event
-    run, spec, total, searched = first, loop.spec, Usage(), 0
+    run, spec, total, searched, made = first, loop.spec, Usage(), 0, 0
     while True:
         mark = len(machine.output)
         finished: Finished | None = None
@@ -155,16 +209,29 @@ async def searching_events(
                         yield event
         assert finished is not None  # a run always ends with its Finished
         total = _add(total, finished.usage)
-        calls = loop.searches(machine.output[mark:]) if finished.reason == "stop" else []
-        if not calls:
+        if finished.reason != "stop":
+            for event in machine.close_pending():
+                yield event
             for event in machine.end(replace(finished, usage=total)):
                 yield event
             return
-        for call in calls:
+        calls = len(machine.pending)
+        async with aclosing(_run_calls(machine, loop, made)) as running:
+            async for event in running:
+                yield event
+        made += calls
+        searches = loop.searches(machine.output[mark:])
+        for call in searches:
             for event in machine.whole_item(loop.output_item(call)):
                 yield event
-        searched += len(calls)
-        spec = loop.next_spec(spec, machine.output[mark:], searched, machine.routes)
+        searched += len(searches)
+        made += len(searches)
+        client = any(item["type"] in _CLIENT_ITEMS for item in machine.output[mark:])
+        if client or not (calls or searches):
+            for event in machine.end(replace(finished, usage=total)):
+                yield event
+            return
+        spec = loop.next_spec(spec, machine.output[mark:], made, searched, machine.routes)
         budget = loop.spec.sampling.max_tokens  # the whole response's, every pass included
         if budget is not None:
             if total.output_tokens >= budget:
