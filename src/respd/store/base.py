@@ -23,6 +23,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from respd.store.vectors.records import (
+    Chunk,
+    ChunkHit,
+    FileBatchRecord,
+    VectorFileRecord,
+    VectorStoreRecord,
+)
+
 JSON = dict[str, Any]
 
 TERMINAL_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -225,16 +233,98 @@ class Store(Protocol):
 
     async def delete_file(self, owner: str, file_id: str) -> bool: ...
 
+    # -- vector stores --------------------------------------------------------------------
+    # Records are in `store/vectors/records.py`. A store's files, batches and chunks go with
+    # it; a file's chunks go with it, and attaching a file again drops its old chunks.
+
+    async def put_vector_store(
+        self,
+        record: VectorStoreRecord,
+        files: list[VectorFileRecord] | None = None,
+        batch: FileBatchRecord | None = None,
+    ) -> None:
+        """Insert a vector store, or update its own fields (never its owner), with `files`
+        and `batch` attached in the same write."""
+        ...
+
+    async def get_vector_store(self, owner: str, store_id: str) -> VectorStoreRecord | None:
+        """The store with its files' counts and usage bytes (expired ones too, until
+        purged)."""
+        ...
+
+    async def list_vector_stores(self, owner: str) -> list[VectorStoreRecord]:
+        """The owner's stores, oldest first, with counts."""
+        ...
+
+    async def delete_vector_store(self, owner: str, store_id: str) -> bool: ...
+
+    async def add_vector_files(
+        self,
+        owner: str,
+        store_id: str,
+        files: list[VectorFileRecord],
+        batch: FileBatchRecord | None = None,
+    ) -> bool:
+        """Attach files (and their batch) in one write; False when the store is gone."""
+        ...
+
+    async def list_vector_files(self, owner: str, store_id: str) -> list[VectorFileRecord]:
+        """The store's files, in the order they were attached; [] for a foreign store."""
+        ...
+
+    async def update_vector_file(
+        self, owner: str, store_id: str, file_id: str, attributes: JSON
+    ) -> VectorFileRecord | None: ...
+
+    async def delete_vector_file(self, owner: str, store_id: str, file_id: str) -> bool: ...
+
+    async def finish_vector_file(
+        self, record: VectorFileRecord, chunks: list[Chunk], error: JSON | None = None
+    ) -> bool:
+        """End an ingestion: store `chunks` and mark the file completed (or failed with
+        `error`, and no chunks) in one write, only if that same attachment is still in
+        progress (not cancelled, deleted or attached again); False, writing nothing,
+        otherwise."""
+        ...
+
+    async def vector_file_chunks(self, owner: str, store_id: str, file_id: str) -> list[str]:
+        """The text of a file's chunks, in order."""
+        ...
+
+    async def pending_vector_files(self) -> list[VectorFileRecord]:
+        """Every owner's files still in progress (to resume them after a restart)."""
+        ...
+
+    async def get_file_batch(
+        self, owner: str, store_id: str, batch_id: str
+    ) -> FileBatchRecord | None: ...
+
+    async def cancel_file_batch(self, owner: str, store_id: str, batch_id: str) -> bool:
+        """Mark the batch cancelled, and its files still in progress cancelled."""
+        ...
+
+    async def lexical_chunks(self, keys: list[str], terms: list[str], limit: int) -> list[ChunkHit]:
+        """The best `limit` chunks of the files `keys` name (`file_key`) that hold any of
+        `terms`, best first, by the database's own full-text ranking."""
+        ...
+
+    async def chunk_vectors(self, keys: list[str]) -> list[tuple[int, bytes]]:
+        """(chunk id, float32 embedding) of every embedded chunk of these files."""
+        ...
+
+    async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]: ...
+
     # -- housekeeping -------------------------------------------------------------------------
 
     async def purge_expired(self) -> int:
-        """Delete expired responses (with their events), conversations (with their items)
-        and files; returns how many records went."""
+        """Delete expired responses (with their events), conversations (with their items),
+        files and vector stores (with their files and chunks); returns how many records
+        went."""
         ...
 
     async def owner_bytes(self, owner: str) -> int:
-        """Bytes `owner` keeps here: file contents and stored responses (for the storage
-        quota)."""
+        """Bytes `owner` keeps here: file contents, stored responses and vector store
+        chunks (for the storage quota)."""
         ...
 
     async def stats(self) -> dict[str, int]:

@@ -31,6 +31,7 @@ from respd.store.base import (
     FileRecord,
     ResponseRecord,
 )
+from respd.store.vectors.memory import MemoryVectors
 
 V = TypeVar("V")
 
@@ -165,7 +166,7 @@ def _expired(record: FileRecord, now: float) -> bool:
     return record.expires_at is not None and record.expires_at <= now
 
 
-class MemoryStore:
+class MemoryStore(MemoryVectors):
     def __init__(
         self,
         responses: Limits | None = None,
@@ -430,10 +431,12 @@ class MemoryStore:
         before = len(self.files.values())
         self._purge_expired_files()
         files = before - len(self.files.values())
-        return self.responses.purge() + self.conversations.purge() + files
+        vector_stores = self._purge_vector_stores()
+        return self.responses.purge() + self.conversations.purge() + files + vector_stores
 
     async def owner_bytes(self, owner: str) -> int:
         files = sum(f.record.bytes for f in self.files.values() if f.record.owner == owner)
+        files += self._vector_bytes(owner)
         return files + sum(
             self._response_size(r) for r in self.responses.values() if r.record.owner == owner
         )

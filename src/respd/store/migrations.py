@@ -78,6 +78,57 @@ MIGRATIONS: list[str] = [
     UPDATE conversations SET updated_at = created_at;
     CREATE INDEX conversations_updated ON conversations(updated_at);
     """,
+    # 4: vector stores, their files (one row per store and file), file batches and chunks,
+    # with an FTS5 index over the chunks' text (its rowid is the chunk's id).
+    """
+    CREATE TABLE vector_stores (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        expires_after TEXT,
+        last_active_at INTEGER NOT NULL,
+        expires_at INTEGER
+    );
+    CREATE INDEX vector_stores_owner ON vector_stores(owner, created_at);
+    CREATE INDEX vector_stores_expires ON vector_stores(expires_at)
+        WHERE expires_at IS NOT NULL;
+    CREATE TABLE vector_store_files (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        vector_store_id TEXT NOT NULL,
+        file_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        filename TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attributes TEXT NOT NULL,
+        chunking TEXT NOT NULL,
+        last_error TEXT,
+        usage_bytes INTEGER NOT NULL DEFAULT 0,
+        batch_id TEXT,
+        UNIQUE (vector_store_id, file_id)
+    );
+    CREATE INDEX vector_store_files_owner ON vector_store_files(owner, vector_store_id);
+    CREATE INDEX vector_store_files_status ON vector_store_files(status);
+    CREATE TABLE vector_file_batches (
+        id TEXT PRIMARY KEY,
+        vector_store_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        cancelled INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE vector_chunks (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        vector_store_id TEXT NOT NULL,
+        file_id TEXT NOT NULL,
+        pos INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        embedding BLOB
+    );
+    CREATE INDEX vector_chunks_file ON vector_chunks(vector_store_id, file_id, pos);
+    CREATE VIRTUAL TABLE vector_chunks_fts USING fts5(text, tokenize = 'porter unicode61')
+    """,
 ]
 
 POSTGRES_MIGRATIONS: list[str] = [
@@ -137,6 +188,61 @@ POSTGRES_MIGRATIONS: list[str] = [
     );
     CREATE INDEX files_owner ON files(owner, created_at);
     CREATE INDEX files_expires ON files(expires_at) WHERE expires_at IS NOT NULL;
+    """,
+    # 2: vector stores (SQLite's version 4); files, batches and chunks go with their store,
+    # chunks with their file; chunk text is indexed as an English `tsvector`.
+    """
+    CREATE TABLE vector_stores (
+        id TEXT PRIMARY KEY,
+        seq BIGINT GENERATED ALWAYS AS IDENTITY,
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        name TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        expires_after TEXT,
+        last_active_at BIGINT NOT NULL,
+        expires_at BIGINT
+    );
+    CREATE INDEX vector_stores_owner ON vector_stores(owner, created_at);
+    CREATE INDEX vector_stores_expires ON vector_stores(expires_at)
+        WHERE expires_at IS NOT NULL;
+    CREATE TABLE vector_store_files (
+        seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        vector_store_id TEXT NOT NULL REFERENCES vector_stores(id) ON DELETE CASCADE,
+        file_id TEXT NOT NULL,
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        filename TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attributes TEXT NOT NULL,
+        chunking TEXT NOT NULL,
+        last_error TEXT,
+        usage_bytes BIGINT NOT NULL DEFAULT 0,
+        batch_id TEXT,
+        UNIQUE (vector_store_id, file_id)
+    );
+    CREATE INDEX vector_store_files_owner ON vector_store_files(owner, vector_store_id);
+    CREATE INDEX vector_store_files_status ON vector_store_files(status);
+    CREATE TABLE vector_file_batches (
+        id TEXT PRIMARY KEY,
+        vector_store_id TEXT NOT NULL REFERENCES vector_stores(id) ON DELETE CASCADE,
+        owner TEXT NOT NULL,
+        created_at BIGINT NOT NULL,
+        cancelled BOOLEAN NOT NULL DEFAULT FALSE
+    );
+    CREATE TABLE vector_chunks (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        vector_store_id TEXT NOT NULL,
+        file_id TEXT NOT NULL,
+        pos INTEGER NOT NULL,
+        text TEXT NOT NULL,
+        embedding BYTEA,
+        tsv TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', text)) STORED,
+        FOREIGN KEY (vector_store_id, file_id)
+            REFERENCES vector_store_files(vector_store_id, file_id) ON DELETE CASCADE
+    );
+    CREATE INDEX vector_chunks_file ON vector_chunks(vector_store_id, file_id, pos);
+    CREATE INDEX vector_chunks_tsv ON vector_chunks USING GIN (tsv)
     """,
 ]
 

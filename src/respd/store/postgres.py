@@ -48,6 +48,7 @@ from respd.store.sql import (
     restyle,
 )
 from respd.store.sql import PYFORMAT as Q
+from respd.store.vectors.postgres import PostgresVectors
 
 Conn = AsyncConnection[DictRow]
 
@@ -104,7 +105,7 @@ _PURGES = tuple(
 )
 
 
-class PostgresStore:
+class PostgresStore(PostgresVectors):
     def __init__(
         self,
         dsn: str,
@@ -413,11 +414,11 @@ class PostgresStore:
                 total += removed
                 if removed < PURGE_BATCH:
                     break
-        return total
+        return total + await self._purge_vector_stores()
 
     async def owner_bytes(self, owner: str) -> int:
         async with self._connection() as conn:
-            row = await (await conn.execute(Q.owner_bytes, (owner, owner))).fetchone()
+            row = await (await conn.execute(Q.owner_bytes, (owner, owner, owner))).fetchone()
         return int(row["n"]) if row is not None else 0
 
     async def stats(self) -> dict[str, int]:

@@ -105,11 +105,13 @@ class Statements:
         f"SELECT {FILE_COLUMNS} FROM files WHERE owner = ? AND {UNEXPIRED} ORDER BY created_at, "
     )
     delete_file: str = f"DELETE FROM files WHERE id = ? AND owner = ? AND {UNEXPIRED}"
-    # What one owner keeps: file contents and stored responses (their JSON).
+    # What one owner keeps: file contents, stored responses (their JSON) and vector
+    # stores' chunks.
     owner_bytes: str = (
         "SELECT (SELECT COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?) + "
         "(SELECT COALESCE(SUM(LENGTH(response) + LENGTH(input_items)), 0) FROM responses "
-        "WHERE owner = ?) AS n"
+        "WHERE owner = ?) + "
+        "(SELECT COALESCE(SUM(usage_bytes), 0) FROM vector_store_files WHERE owner = ?) AS n"
     )
     stats: str = (
         "SELECT (SELECT COUNT(*) FROM responses) AS a, "

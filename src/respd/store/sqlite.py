@@ -38,6 +38,7 @@ from respd.store.sql import (
     response_row,
 )
 from respd.store.sql import QMARK as Q
+from respd.store.vectors.sqlite import SqliteVectors
 
 T = TypeVar("T")
 
@@ -53,7 +54,7 @@ def create_private(path: Path) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
 
 
-class SqliteStore:
+class SqliteStore(SqliteVectors):
     def __init__(
         self,
         path: Path,
@@ -375,7 +376,12 @@ class SqliteStore:
     async def purge_expired(self) -> int:
         """Delete expired rows in small transactions, each in a worker thread."""
         total = 0
-        steps = (self._purge_responses, self._purge_conversations, self._purge_files)
+        steps = (
+            self._purge_responses,
+            self._purge_conversations,
+            self._purge_files,
+            self._purge_vector_stores,
+        )
         for step in steps:
             while removed := await self._run(step):
                 total += removed
@@ -415,7 +421,7 @@ class SqliteStore:
 
     async def owner_bytes(self, owner: str) -> int:
         def read(conn: sqlite3.Connection) -> int:
-            return int(conn.execute(Q.owner_bytes, (owner, owner)).fetchone()[0])
+            return int(conn.execute(Q.owner_bytes, (owner, owner, owner)).fetchone()[0])
 
         return await self._run(read)
 

@@ -1,0 +1,254 @@
+"""The vector store methods of `SqliteStore`: rows in plain tables, chunk text in an FTS5
+table (porter stemming over unicode61 words) ranked by its built-in BM25, vectors as
+float32 BLOBs read back for an exact cosine scan by the service.
+
+The stdlib `sqlite3` module here cannot load extensions (no `enable_load_extension`), so
+sqlite-vec is out of reach; an exact scan over the searched stores' vectors is what it
+would do for stores of this size anyway."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+
+from respd.store.sql import PURGE_BATCH
+from respd.store.vectors.records import (
+    COMPLETED,
+    FAILED,
+    JSON,
+    Chunk,
+    ChunkHit,
+    FileBatchRecord,
+    VectorFileRecord,
+    VectorStoreRecord,
+)
+from respd.store.vectors.sql import (
+    VQMARK as Q,
+)
+from respd.store.vectors.sql import (
+    batch_record,
+    batch_row,
+    count_rows,
+    file_record,
+    file_row,
+    store_record,
+    store_row,
+)
+
+T = TypeVar("T")
+
+_KEYED = "(c.vector_store_id || '/' || c.file_id) IN (SELECT value FROM json_each(?))"
+_LEXICAL = (
+    "SELECT c.id, c.vector_store_id, c.file_id, c.text, -bm25(vector_chunks_fts) AS score "
+    "FROM vector_chunks_fts JOIN vector_chunks c ON c.id = vector_chunks_fts.rowid "
+    f"WHERE vector_chunks_fts MATCH ? AND {_KEYED} ORDER BY bm25(vector_chunks_fts) LIMIT ?"
+)
+_VECTORS = (
+    f"SELECT c.id, c.embedding FROM vector_chunks c WHERE c.embedding IS NOT NULL AND {_KEYED}"
+)
+_BY_ID = (
+    "SELECT id, vector_store_id, file_id, text FROM vector_chunks "
+    "WHERE id IN (SELECT value FROM json_each(?))"
+)
+
+
+def _drop_chunks(conn: sqlite3.Connection, where: str, params: tuple[str, ...]) -> None:
+    """Delete the chunks `where` selects, with their full-text rows."""
+    conn.execute(
+        "DELETE FROM vector_chunks_fts WHERE rowid IN "
+        f"(SELECT id FROM vector_chunks WHERE {where})",
+        params,
+    )
+    conn.execute(f"DELETE FROM vector_chunks WHERE {where}", params)
+
+
+def _drop_store(conn: sqlite3.Connection, store_id: str) -> None:
+    _drop_chunks(conn, "vector_store_id = ?", (store_id,))
+    conn.execute("DELETE FROM vector_store_files WHERE vector_store_id = ?", (store_id,))
+    conn.execute("DELETE FROM vector_file_batches WHERE vector_store_id = ?", (store_id,))
+    conn.execute("DELETE FROM vector_stores WHERE id = ?", (store_id,))
+
+
+def _add_files(
+    conn: sqlite3.Connection, files: list[VectorFileRecord], batch: FileBatchRecord | None
+) -> None:
+    if batch is not None:
+        conn.execute(Q.insert_batch, batch_row(batch))
+    for record in files:
+        _drop_chunks(
+            conn, "vector_store_id = ? AND file_id = ?", (record.vector_store_id, record.file_id)
+        )
+        conn.execute(Q.upsert_file, file_row(record))
+
+
+class SqliteVectors:
+    """Mixed into `SqliteStore`, whose `_run` and `clock` these use."""
+
+    clock: Callable[[], float]
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        raise NotImplementedError
+
+    async def put_vector_store(
+        self,
+        record: VectorStoreRecord,
+        files: list[VectorFileRecord] | None = None,
+        batch: FileBatchRecord | None = None,
+    ) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute(Q.upsert_store, store_row(record))
+            _add_files(conn, files or [], batch)
+
+        await self._run(write)
+
+    async def get_vector_store(self, owner: str, store_id: str) -> VectorStoreRecord | None:
+        def read(conn: sqlite3.Connection) -> VectorStoreRecord | None:
+            row = conn.execute(Q.get_store, (store_id, owner)).fetchone()
+            if row is None:
+                return None
+            counts = count_rows(conn.execute(Q.store_counts, (owner, store_id)).fetchall())
+            return store_record(row, counts)
+
+        return await self._run(read)
+
+    async def list_vector_stores(self, owner: str) -> list[VectorStoreRecord]:
+        def read(conn: sqlite3.Connection) -> list[VectorStoreRecord]:
+            counts = count_rows(conn.execute(Q.counts, (owner,)).fetchall())
+            rows = conn.execute(Q.list_stores + "rowid", (owner,)).fetchall()
+            return [store_record(row, counts) for row in rows]
+
+        return await self._run(read)
+
+    async def delete_vector_store(self, owner: str, store_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            if conn.execute(Q.get_store, (store_id, owner)).fetchone() is None:
+                return False
+            _drop_store(conn, store_id)
+            return True
+
+        return await self._run(delete)
+
+    async def add_vector_files(
+        self,
+        owner: str,
+        store_id: str,
+        files: list[VectorFileRecord],
+        batch: FileBatchRecord | None = None,
+    ) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            if conn.execute(Q.get_store, (store_id, owner)).fetchone() is None:
+                return False
+            _add_files(conn, files, batch)
+            return True
+
+        return await self._run(write)
+
+    async def list_vector_files(self, owner: str, store_id: str) -> list[VectorFileRecord]:
+        def read(conn: sqlite3.Connection) -> list[VectorFileRecord]:
+            return [file_record(r) for r in conn.execute(Q.list_files, (store_id, owner))]
+
+        return await self._run(read)
+
+    async def update_vector_file(
+        self, owner: str, store_id: str, file_id: str, attributes: JSON
+    ) -> VectorFileRecord | None:
+        def write(conn: sqlite3.Connection) -> VectorFileRecord | None:
+            params = (json.dumps(attributes), store_id, file_id, owner)
+            row = conn.execute(Q.update_file, params).fetchone()
+            return file_record(row) if row else None
+
+        return await self._run(write)
+
+    async def delete_vector_file(self, owner: str, store_id: str, file_id: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(Q.delete_file, (store_id, file_id, owner)).rowcount:
+                return False
+            _drop_chunks(conn, "vector_store_id = ? AND file_id = ?", (store_id, file_id))
+            return True
+
+        return await self._run(delete)
+
+    async def finish_vector_file(
+        self, record: VectorFileRecord, chunks: list[Chunk], error: JSON | None = None
+    ) -> bool:
+        size = sum(len(c.text.encode()) + len(c.embedding or b"") for c in chunks)
+        status = FAILED if error is not None else COMPLETED
+        last_error = json.dumps(error) if error is not None else None
+        params = (status, last_error, size, record.vector_store_id, record.file_id)
+
+        def write(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(Q.finish_file, (*params, record.created_at)).rowcount:
+                return False
+            for pos, chunk in enumerate(chunks):
+                row = (record.vector_store_id, record.file_id, pos, chunk.text, chunk.embedding)
+                cur = conn.execute(Q.insert_chunk, row)
+                conn.execute(
+                    "INSERT INTO vector_chunks_fts (rowid, text) VALUES (?, ?)",
+                    (cur.lastrowid, chunk.text),
+                )
+            return True
+
+        return await self._run(write)
+
+    async def vector_file_chunks(self, owner: str, store_id: str, file_id: str) -> list[str]:
+        def read(conn: sqlite3.Connection) -> list[str]:
+            rows = conn.execute(Q.file_chunks, (owner, store_id, file_id)).fetchall()
+            return [r[0] for r in rows]
+
+        return await self._run(read)
+
+    async def pending_vector_files(self) -> list[VectorFileRecord]:
+        def read(conn: sqlite3.Connection) -> list[VectorFileRecord]:
+            return [file_record(r) for r in conn.execute(Q.pending_files)]
+
+        return await self._run(read)
+
+    async def get_file_batch(
+        self, owner: str, store_id: str, batch_id: str
+    ) -> FileBatchRecord | None:
+        def read(conn: sqlite3.Connection) -> FileBatchRecord | None:
+            row = conn.execute(Q.get_batch, (batch_id, store_id, owner)).fetchone()
+            return batch_record(row) if row else None
+
+        return await self._run(read)
+
+    async def cancel_file_batch(self, owner: str, store_id: str, batch_id: str) -> bool:
+        def write(conn: sqlite3.Connection) -> bool:
+            if not conn.execute(Q.cancel_batch, (batch_id, store_id, owner)).rowcount:
+                return False
+            conn.execute(Q.cancel_batch_files, (store_id, batch_id))
+            return True
+
+        return await self._run(write)
+
+    async def lexical_chunks(self, keys: list[str], terms: list[str], limit: int) -> list[ChunkHit]:
+        if not keys or not terms:
+            return []
+        match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+        def read(conn: sqlite3.Connection) -> list[ChunkHit]:
+            rows = conn.execute(_LEXICAL, (match, json.dumps(keys), limit)).fetchall()
+            return [ChunkHit(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
+
+        return await self._run(read)
+
+    async def chunk_vectors(self, keys: list[str]) -> list[tuple[int, bytes]]:
+        def read(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
+            return [(r[0], bytes(r[1])) for r in conn.execute(_VECTORS, (json.dumps(keys),))]
+
+        return await self._run(read) if keys else []
+
+    async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]:
+        def read(conn: sqlite3.Connection) -> list[ChunkHit]:
+            rows = conn.execute(_BY_ID, (json.dumps(ids),)).fetchall()
+            return [ChunkHit(r[0], r[1], r[2], r[3]) for r in rows]
+
+        return await self._run(read) if ids else []
+
+    def _purge_vector_stores(self, conn: sqlite3.Connection) -> int:
+        rows = conn.execute(Q.expired_stores, (int(self.clock()), PURGE_BATCH)).fetchall()
+        for row in rows:
+            _drop_store(conn, row[0])
+        return len(rows)
