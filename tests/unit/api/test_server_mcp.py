@@ -1,0 +1,240 @@
+"""`mcp` tools through the app and the fake engine, against the `mcp` SDK's own server on
+127.0.0.1 (a subprocess): the server lists the tools once per conversation, runs the calls
+the model makes (or asks the client to approve them first), and a failing tool becomes a
+failed `mcp_call` the model reads. The credentials sent for the MCP server are never echoed
+nor stored. Every event and response is checked with the SDK's types."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from respd.api.app import create_app
+from respd.engines.fake import FakeEngine, Reply
+from respd.service.tools.hosted.settings import HostedToolSettings
+from respd.store import MemoryStore, Store
+from respd.store.sqlite import SqliteStore
+from tests.support.fake import FAKE_MODEL
+from tests.support.mcp_server import McpTestServer, mcp_server
+from tests.support.sdk_types import EVENT_ADAPTER, strict_response
+from tests.support.uvicorn_server import serving
+
+SECRET_HEADER = "hdr-5f1e-secret"
+SECRET_TOKEN = "tok-9a7c-secret"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[McpTestServer]:
+    with mcp_server() as running:
+        yield running
+
+
+def _call(name: str, arguments: dict[str, Any]) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def _tool(server: McpTestServer, **fields: Any) -> dict[str, Any]:
+    return {"type": "mcp", "server_label": "lab", "server_url": server.url, **fields}
+
+
+def _read(call: Any) -> str:
+    return "\n".join(m.text for m in call.prompt.request.messages)
+
+
+async def _client(
+    engine: FakeEngine,
+    store: Store | None = None,
+    allowed: frozenset[str] = frozenset({"127.0.0.1"}),
+) -> AsyncIterator[httpx.AsyncClient]:
+    hosted = HostedToolSettings(timeout_secs=3, mcp_allowed_hosts=allowed)
+    app = create_app(engine, store or MemoryStore(), hosted_tools=hosted)
+    async with serving(app) as port:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            yield http
+
+
+async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
+    events = []
+    async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                EVENT_ADAPTER.validate_python(event)
+                events.append(event)
+    return events
+
+
+async def test_a_forced_mcp_call_runs_and_the_model_reads_its_output(
+    server: McpTestServer,
+) -> None:
+    engine = FakeEngine(
+        [Reply([_call("lab__add", {"a": 2, "b": 3})]), "The sum is 5."], model_id=FAKE_MODEL
+    )
+    async for http in _client(engine):
+        body = {
+            "model": FAKE_MODEL,
+            "input": "Add 2 and 3.",
+            "tools": [_tool(server, require_approval="never")],
+            "tool_choice": {"type": "mcp", "server_label": "lab", "name": "add"},
+        }
+        events = await _stream(http, body)
+    types = [e["type"] for e in events]
+    for expected in (
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.in_progress",
+        "response.mcp_call.completed",
+    ):
+        assert expected in types
+    done = strict_response(events[-1]["response"])
+    listing, call, answer = done.output
+    assert listing.type == "mcp_list_tools" and listing.server_label == "lab"
+    assert {"add", "lookup_fact", "whoami"} <= {t.name for t in listing.tools}
+    assert call.type == "mcp_call" and call.status == "completed"
+    assert (call.name, json.loads(call.arguments), call.output) == ("add", {"a": 2, "b": 3}, "5")
+    assert answer.type == "message"
+    # the first pass was forced onto the tool; the second read its output
+    first_tools = [t.name for t in engine.calls[0].prompt.request.tools]
+    assert "lab__add" in first_tools
+    tool_turns = [m for m in engine.calls[1].prompt.request.messages if m.role == "tool"]
+    assert [m.text for m in tool_turns] == ["5"]
+
+
+async def test_approval_then_the_call_runs_in_the_next_turn_without_listing_again(
+    server: McpTestServer,
+) -> None:
+    engine = FakeEngine(
+        [Reply([_call("lab__lookup_fact", {"topic": "otters"})]), "Code 7491."],
+        model_id=FAKE_MODEL,
+    )
+    async for http in _client(engine):
+        tools = [_tool(server)]  # approval is required unless the request says otherwise
+        first = (
+            await http.post(
+                "/v1/responses", json={"model": FAKE_MODEL, "input": "Otters?", "tools": tools}
+            )
+        ).json()
+        strict_response(first)
+        listing, request = first["output"]
+        assert request["type"] == "mcp_approval_request" and request["name"] == "lookup_fact"
+        assert len(engine.calls) == 1  # nothing ran: the client decides first
+        approval = {
+            "type": "mcp_approval_response",
+            "approval_request_id": request["id"],
+            "approve": True,
+        }
+        second = (
+            await http.post(
+                "/v1/responses",
+                json={
+                    "model": FAKE_MODEL,
+                    "previous_response_id": first["id"],
+                    "input": [approval],
+                    "tools": tools,
+                },
+            )
+        ).json()
+    strict_response(second)
+    call, answer = second["output"]  # no second listing: the chain holds one
+    assert call["type"] == "mcp_call" and call["approval_request_id"] == request["id"]
+    assert call["status"] == "completed" and "7491" in call["output"]
+    assert "7491" in _read(engine.calls[1])
+
+
+async def test_a_declined_call_is_not_run_and_the_model_is_told(server: McpTestServer) -> None:
+    engine = FakeEngine(
+        [Reply([_call("lab__add", {"a": 1, "b": 1})]), "Fine."], model_id=FAKE_MODEL
+    )
+    async for http in _client(engine):
+        tools = [_tool(server)]
+        first = (
+            await http.post(
+                "/v1/responses", json={"model": FAKE_MODEL, "input": "Add", "tools": tools}
+            )
+        ).json()
+        request = first["output"][-1]
+        declined = {
+            "type": "mcp_approval_response",
+            "approval_request_id": request["id"],
+            "approve": False,
+            "reason": "not now",
+        }
+        second = (
+            await http.post(
+                "/v1/responses",
+                json={
+                    "model": FAKE_MODEL,
+                    "previous_response_id": first["id"],
+                    "input": [declined],
+                    "tools": tools,
+                },
+            )
+        ).json()
+    strict_response(second)
+    assert [o["type"] for o in second["output"]] == ["message"]
+    assert "Not run: not now." in _read(engine.calls[1])
+
+
+async def test_a_failing_tool_is_a_failed_item_and_the_response_completes(
+    server: McpTestServer,
+) -> None:
+    engine = FakeEngine([Reply([_call("lab__explode", {})]), "It failed."], model_id=FAKE_MODEL)
+    async for http in _client(engine):
+        body = {
+            "model": FAKE_MODEL,
+            "input": "Explode.",
+            "tools": [_tool(server, require_approval="never")],
+        }
+        events = await _stream(http, body)
+    assert "response.mcp_call.failed" in [e["type"] for e in events]
+    done = strict_response(events[-1]["response"])
+    assert done.status == "completed"
+    call = done.output[1]
+    assert call.type == "mcp_call" and call.status == "failed" and call.error is not None
+    assert "kaboom" in _read(engine.calls[1])
+
+
+async def test_a_loopback_server_not_allowed_is_a_listing_error(server: McpTestServer) -> None:
+    engine = FakeEngine(["No tools."], model_id=FAKE_MODEL)
+    seen = server.requests_seen()
+    async for http in _client(engine, allowed=frozenset()):
+        body = {"model": FAKE_MODEL, "input": "Hi", "tools": [_tool(server)]}
+        data = (await http.post("/v1/responses", json=body)).json()
+    strict_response(data)
+    listing = data["output"][0]
+    assert listing["type"] == "mcp_list_tools" and "--mcp-allowed-hosts" in listing["error"]
+    assert server.requests_seen() == seen  # no connection was made
+    assert engine.calls[0].prompt.request.tools == []
+
+
+async def test_credentials_are_neither_echoed_nor_stored(
+    server: McpTestServer, tmp_path: Path
+) -> None:
+    engine = FakeEngine([Reply([_call("lab__add", {"a": 1, "b": 2})]), "3."], model_id=FAKE_MODEL)
+    path = tmp_path / "respd.sqlite"
+    tool = _tool(
+        server,
+        require_approval="never",
+        headers={"X-Test-Header": SECRET_HEADER},
+        authorization=SECRET_TOKEN,
+    )
+    async for http in _client(engine, SqliteStore(path)):
+        r = await http.post(
+            "/v1/responses", json={"model": FAKE_MODEL, "input": "1+2", "tools": [tool]}
+        )
+        data = r.json()
+        strict_response(data)
+        fetched = (await http.get(f"/v1/responses/{data['id']}")).text
+    assert data["output"][1]["output"] == "3"
+    for secret in (SECRET_HEADER, SECRET_TOKEN):
+        assert secret not in r.text and secret not in fetched
+        for file in tmp_path.iterdir():
+            assert secret.encode() not in file.read_bytes(), file
