@@ -270,6 +270,7 @@ def build_app(
         admission=admission_gate(settings, models),
         socket_limits=settings.socket_limits(),
         embedders=embedders or (),
+        file_search_embedder=settings.file_search_embedder(embedders or []),
     )
 
 

@@ -15,6 +15,7 @@ from starlette.middleware.cors import CORSMiddleware
 from respd import __version__
 from respd.api import chat, conversations, embeddings, files, responses, websocket
 from respd.api import models as model_routes
+from respd.api import vector_stores as vector_store_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.api.guard import GuardSettings, RequestGuard
 from respd.api.identity import AuthMiddleware, KeyRing
@@ -47,6 +48,7 @@ from respd.service.responses.service import ResponsesService
 from respd.service.responses.socket_limits import SocketLimits
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
+from respd.service.vector_stores.service import VectorStores
 from respd.store import MemoryStore, Store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
 from respd.store.retention import purge_periodically
@@ -76,6 +78,7 @@ def build_services(
     input_limits: InputLimits | None,
     sealer: Sealer | None,
     quotas: KeyQuotas | None = None,
+    vector_stores: VectorStores | None = None,
 ) -> Services:
     resolver = MediaResolver(store, media)
     shared = Shared(
@@ -86,6 +89,7 @@ def build_services(
         runs=ActiveRuns(output=output),
         limits=input_limits or InputLimits(),
         quotas=quotas or KeyQuotas(QuotaSettings()),
+        vector_stores=vector_stores,
     )
     return Services(
         responses=ResponsesService(shared, lease_secs=job_lease_secs),
@@ -98,7 +102,10 @@ def build_services(
 
 
 def _lifespan(
-    store: Store, responses: ResponsesService, purge_interval_secs: float
+    store: Store,
+    responses: ResponsesService,
+    purge_interval_secs: float,
+    vector_stores: VectorStores | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     """Open the store and the background jobs; purge expired state while serving; stop the
     jobs, then close the store."""
@@ -108,6 +115,8 @@ def _lifespan(
         build_sdk_types()
         await store.open()
         await responses.open()
+        if vector_stores is not None:
+            await vector_stores.open()
         purge = asyncio.create_task(purge_periodically(store, purge_interval_secs))
         try:
             yield
@@ -115,6 +124,8 @@ def _lifespan(
             purge.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await purge
+            if vector_stores is not None:
+                await vector_stores.close()
             await responses.shutdown()
             await store.close()
 
@@ -126,6 +137,7 @@ def _install_routes(app: FastAPI) -> None:
     describe(app)
     for module in (responses, websocket, conversations, files, chat, embeddings, model_routes):
         add_routes(app, module.router)
+    add_routes(app, vector_store_routes.router)
 
 
 def _install_middleware(
@@ -172,6 +184,7 @@ def create_app(
     admission: AdmissionGate | None = None,
     socket_limits: SocketLimits | None = None,
     embedders: Iterable[Embedder] = (),
+    file_search_embedder: Embedder | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown. `embedders` answer
@@ -180,6 +193,7 @@ def create_app(
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
     key_quotas = KeyQuotas(quotas or QuotaSettings())
+    vector_stores = VectorStores(store, file_search_embedder, quotas=key_quotas)
     services = build_services(
         models,
         store,
@@ -190,10 +204,11 @@ def create_app(
         input_limits=input_limits,
         sealer=sealer,
         quotas=key_quotas,
+        vector_stores=vector_stores,
     )
     runs = services.runs
     runs.gate = admission
-    lifespan = _lifespan(store, services.responses, purge_interval_secs)
+    lifespan = _lifespan(store, services.responses, purge_interval_secs, vector_stores)
     app = FastAPI(title="respd", version=__version__, lifespan=lifespan)
     app.state.models = models
     app.state.embeddings = EmbeddingModels(embedders, input_limits)
@@ -204,6 +219,7 @@ def create_app(
     app.state.steerable = SteerableStreams(services.responses)
     app.state.conversations = services.conversations
     app.state.files = services.files
+    app.state.vector_stores = vector_stores
     app.state.media_cache = services.media.cache
     app.state.chat = services.chat
     app.state.quotas = key_quotas

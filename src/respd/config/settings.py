@@ -23,6 +23,7 @@ from respd.config.media import MediaConfig
 from respd.config.sampling import SamplingConfig
 from respd.config.store import StoreConfig
 from respd.config.upstream import UpstreamConfig
+from respd.config.vector_stores import VectorStoresConfig
 from respd.config.websocket import WebSocketConfig
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class Settings(
     SamplingConfig,
     UpstreamConfig,
     MediaConfig,
+    VectorStoresConfig,
     StoreConfig,
     LogConfig,
     BaseSettings,

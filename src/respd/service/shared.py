@@ -12,6 +12,7 @@ from respd.service.media.resolver import MediaResolver
 from respd.service.models import ModelRegistry
 from respd.service.quotas import KeyQuotas, QuotaSettings
 from respd.service.sealing import Sealer
+from respd.service.vector_stores.service import VectorStores
 from respd.store.base import Store
 
 
@@ -25,3 +26,5 @@ class Shared:
     limits: InputLimits = field(default_factory=InputLimits)
     # Each identity's rates, concurrent work, background jobs and stored bytes.
     quotas: KeyQuotas = field(default_factory=lambda: KeyQuotas(QuotaSettings()))
+    # Vector stores and their search (the `file_search` tool's).
+    vector_stores: VectorStores | None = None
