@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 2
 EMBED_BATCH = 16
-MAX_HALVINGS = 12  # a chunk too long for the embedder is embedded by its first half, ...
+MAX_RETRIES = 12  # cuts of a batch whose texts are too long for the embedder
+CUT_MARGIN = 0.9
 
 
 class IngestFailed(Exception):
@@ -51,14 +52,19 @@ def _chunks(content: bytes, mime: str, filename: str, chunking: JSON) -> list[st
 
 
 async def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
-    """One vector per text; a text longer than the embedder reads is embedded by its
-    longest leading part that fits (halving), as its opening words say most about it."""
+    """One vector per text; texts longer than the embedder reads are embedded by their
+    leading part that fits (their opening words say most about them). A refusal names one
+    text and its token count: every text as long is cut to the share of it that would fit,
+    with a margin, and the batch is tried again."""
     pending = list(texts)
-    for _ in range(MAX_HALVINGS):
+    for _ in range(MAX_RETRIES):
         try:
             return (await embedder.embed(list(pending))).vectors
         except InputTooLong as exc:
-            pending[exc.index] = pending[exc.index][: max(1, len(pending[exc.index]) // 2)]
+            long = pending[exc.index]
+            share = exc.limit / max(exc.n_tokens, 1) * CUT_MARGIN
+            keep = min(max(1, int(len(long) * share)), len(long) - 1)
+            pending = [text[:keep] for text in pending]
     raise IngestFailed("server_error", "a chunk is too long for the embedding model")
 
 
