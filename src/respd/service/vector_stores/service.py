@@ -50,6 +50,9 @@ from respd.store.vectors.records import (
 )
 
 MAX_FILES_PER_REQUEST = 2000  # OpenAI's batch limit
+# A search moves `last_active_at` (and so `expires_at`) at most this often: expiry counts
+# days, and a write per search would race with modifications for nothing.
+ACTIVITY_GRANULARITY_SECS = 60
 _UNSET: Any = object()
 
 
@@ -439,9 +442,10 @@ class VectorStores:
                 param="vector_store_ids",
                 code="vector_store_expired",
             )
-        record.last_active_at = int(now)
-        record.expires_at = expiry(record.expires_after, record.last_active_at)
-        await self.store.put_vector_store(record)
+        if now - record.last_active_at >= ACTIVITY_GRANULARITY_SECS:
+            record.last_active_at = int(now)
+            record.expires_at = expiry(record.expires_after, record.last_active_at)
+            await self.store.put_vector_store(record)
         return record
 
     async def search_page(self, owner: str, store_id: str, query: Any, **options: Any) -> JSON:

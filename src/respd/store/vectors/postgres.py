@@ -36,7 +36,8 @@ from respd.store.vectors.sql import (
 
 Conn = AsyncConnection[DictRow]
 
-_KEYED = "(c.vector_store_id || '/' || c.file_id) = ANY(?)"
+# The stores first, so that the (vector_store_id, file_id) index narrows the rows.
+_KEYED = "c.vector_store_id = ANY(?) AND (c.vector_store_id || '/' || c.file_id) = ANY(?)"
 # OR-ed words: each is `\w+`, so none is tsquery syntax; `to_tsquery` stems them as the
 # column's `to_tsvector` did.
 _LEXICAL = restyle(
@@ -54,6 +55,11 @@ _PURGE = (
     "DELETE FROM vector_stores WHERE id IN (SELECT id FROM vector_stores WHERE expires_at "
     "IS NOT NULL AND expires_at <= %s LIMIT %s FOR UPDATE SKIP LOCKED)"
 )
+
+
+def _keyed(keys: list[str]) -> tuple[list[str], list[str]]:
+    """The parameters of `_KEYED`: the stores of `keys`, then the keys."""
+    return sorted({k.split("/", 1)[0] for k in keys}), keys
 
 
 async def _add_files(
@@ -185,7 +191,7 @@ class PostgresVectors:
         if not keys or not terms:
             return []
         async with self._connection() as conn:
-            cur = await conn.execute(_LEXICAL, (" | ".join(terms), keys, limit))
+            cur = await conn.execute(_LEXICAL, (" | ".join(terms), *_keyed(keys), limit))
             rows = await cur.fetchall()
         return [
             ChunkHit(r["id"], r["vector_store_id"], r["file_id"], r["text"], float(r["score"]))
@@ -196,7 +202,7 @@ class PostgresVectors:
         if not keys:
             return []
         async with self._connection() as conn:
-            rows = await (await conn.execute(_VECTORS, (keys,))).fetchall()
+            rows = await (await conn.execute(_VECTORS, _keyed(keys))).fetchall()
         return [(r["id"], bytes(r["embedding"])) for r in rows]
 
     async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]:

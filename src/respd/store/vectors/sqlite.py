@@ -39,7 +39,11 @@ from respd.store.vectors.sql import (
 
 T = TypeVar("T")
 
-_KEYED = "(c.vector_store_id || '/' || c.file_id) IN (SELECT value FROM json_each(?))"
+# The stores first, so that the (vector_store_id, file_id) index narrows the rows.
+_KEYED = (
+    "c.vector_store_id IN (SELECT value FROM json_each(?)) "
+    "AND (c.vector_store_id || '/' || c.file_id) IN (SELECT value FROM json_each(?))"
+)
 _LEXICAL = (
     "SELECT c.id, c.vector_store_id, c.file_id, c.text, -bm25(vector_chunks_fts) AS score "
     "FROM vector_chunks_fts JOIN vector_chunks c ON c.id = vector_chunks_fts.rowid "
@@ -52,6 +56,11 @@ _BY_ID = (
     "SELECT id, vector_store_id, file_id, text FROM vector_chunks "
     "WHERE id IN (SELECT value FROM json_each(?))"
 )
+
+
+def _keyed(keys: list[str]) -> tuple[str, str]:
+    """The parameters of `_KEYED`: the stores of `keys`, then the keys."""
+    return json.dumps(sorted({k.split("/", 1)[0] for k in keys})), json.dumps(keys)
 
 
 def _drop_chunks(conn: sqlite3.Connection, where: str, params: tuple[str, ...]) -> None:
@@ -229,14 +238,14 @@ class SqliteVectors:
         match = " OR ".join('"' + t.replace('"', '""') + '"' for t in terms)
 
         def read(conn: sqlite3.Connection) -> list[ChunkHit]:
-            rows = conn.execute(_LEXICAL, (match, json.dumps(keys), limit)).fetchall()
+            rows = conn.execute(_LEXICAL, (match, *_keyed(keys), limit)).fetchall()
             return [ChunkHit(r[0], r[1], r[2], r[3], float(r[4])) for r in rows]
 
         return await self._run(read)
 
     async def chunk_vectors(self, keys: list[str]) -> list[tuple[int, bytes]]:
         def read(conn: sqlite3.Connection) -> list[tuple[int, bytes]]:
-            return [(r[0], bytes(r[1])) for r in conn.execute(_VECTORS, (json.dumps(keys),))]
+            return [(r[0], bytes(r[1])) for r in conn.execute(_VECTORS, _keyed(keys))]
 
         return await self._run(read) if keys else []
 
