@@ -5,6 +5,7 @@ embedder), ownership, and every 4xx naming its field."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -354,6 +355,12 @@ async def test_another_key_sees_nothing(h: Harness) -> None:
         ("/file_batches", {"file_ids": ["{fid}"], "files": []}, 400, "file_ids"),
         ("/file_batches", {"files": [{"file_id": "file-nope"}]}, 404, "files[0]"),
         ("/file_batches", {"file_ids": []}, 400, "file_ids"),
+        (
+            "/file_batches",
+            {"files": [{"file_id": "{fid}", "attributes": {"k": None}}]},
+            400,
+            "files[0].attributes.k",
+        ),
     ],
 )
 async def test_bad_requests_are_openai_errors_naming_the_field(
@@ -362,7 +369,7 @@ async def test_bad_requests_are_openai_errors_naming_the_field(
     fid = await h.upload("a.txt", "alpha")
     store = await h.a.vector_stores.create()
     target = "/v1/vector_stores" + (f"/{store.id}{path}" if path else "")
-    sent = {k: ([fid] if v == ["{fid}"] else fid if v == "{fid}" else v) for k, v in body.items()}
+    sent = json.loads(json.dumps(body).replace("{fid}", fid))
     response = await h.post(target, sent)
     assert response.status_code == status, response.text
     error = response.json()["error"]

@@ -221,8 +221,10 @@ class VectorStores:
                 raise InvalidRequest(
                     f"Invalid '{where}': expected a file id.", param=where, code="invalid_value"
                 )
-            chunking = check_strategy(spec.chunking_strategy)
-            attributes = check_attributes(spec.attributes)
+            # A batch's `files` carry their own options; elsewhere they are the request's.
+            own = f"{where}." if param == "files" else ""
+            chunking = check_strategy(spec.chunking_strategy, f"{own}chunking_strategy")
+            attributes = check_attributes(spec.attributes, f"{own}attributes")
             meta = await self.store.get_file(owner, spec.file_id)
             if meta is None:
                 raise _file_not_found(spec.file_id, where)
