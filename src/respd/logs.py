@@ -107,6 +107,9 @@ def _formatter(log_format: str) -> logging.Formatter:
     return JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
 
 
+_CHATTY_CLIENTS = ("httpx", "httpx2", "httpcore", "httpcore2")
+
+
 def configure_logging(settings: LogSettings) -> None:
     """Route every log record to stderr in the chosen format, with the request context."""
     set_prompts_logged(settings.prompts)
@@ -114,6 +117,11 @@ def configure_logging(settings: LogSettings) -> None:
     handler.addFilter(ContextFilter())
     handler.setFormatter(_formatter(settings.format))
     logging.basicConfig(level=settings.level.upper(), handlers=[handler], force=True)
+    # HTTP clients' per-request lines (the MCP SDK's, for one) name URLs a tool's user
+    # chose: only their warnings are worth a line, under `debug` everything is.
+    if settings.level.lower() != "debug":
+        for name in _CHATTY_CLIENTS:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def uvicorn_log_config(settings: LogSettings) -> dict[str, Any]:

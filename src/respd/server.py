@@ -271,6 +271,7 @@ def build_app(
         socket_limits=settings.socket_limits(),
         embedders=embedders or (),
         file_search_embedder=settings.file_search_embedder(embedders or []),
+        hosted_tools=settings.hosted_tools(),
     )
 
 

@@ -435,14 +435,12 @@ def test_tool_requests_that_are_400(http: httpx.Client, body: dict[str, Any], pa
         assert kind in err["message"]
 
 
-def test_hosted_tools_are_left_out_and_the_turn_goes_on(client: openai.OpenAI) -> None:
-    """OpenAI runs these tools on its side; offered here, they are not shown to the model
-    and the response is an ordinary one (Codex offers web_search on every turn)."""
-    hosted = [
-        {"type": "file_search", "vector_store_ids": []},
-        {"type": "mcp", "server_label": "x"},
-        {"type": "web_search"},
-    ]
+def test_web_search_without_a_backend_is_left_out_and_the_turn_goes_on(
+    client: openai.OpenAI,
+) -> None:
+    """With no --web-search-backend, a web_search tool is not shown to the model and the
+    response is an ordinary one (Codex offers web_search on every turn)."""
+    hosted = [{"type": "web_search"}]
     with_hosted = client.responses.input_tokens.count(
         model=MODEL_ID,
         input="Hi",
@@ -457,9 +455,4 @@ def test_hosted_tools_are_left_out_and_the_turn_goes_on(client: openai.OpenAI) -
         max_output_tokens=8,  # type: ignore[list-item]
     )
     assert r.status in ("completed", "incomplete")
-    assert [t.type for t in r.tools] == [
-        "function",
-        "file_search",
-        "mcp",
-        "web_search",
-    ]
+    assert [t.type for t in r.tools] == ["function", "web_search"]

@@ -8,6 +8,7 @@ server over HTTP and WebSocket); both check the same outcome with `check_outcome
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hypothesis import strategies as st
@@ -256,10 +257,16 @@ def bodies(
     return st.tuples(fields[field], extra).map(lambda fe: {**base, **fe[1], field: fe[0]})
 
 
+def sse_lines(text: str) -> list[str]:
+    """An SSE body's lines, split where the SSE format ends lines (CR, LF, CRLF) only: JSON
+    text may hold other line breaks of Unicode's (U+0085, U+2028) unescaped."""
+    return re.split(r"\r\n|\r|\n", text)
+
+
 def sse_data(text: str) -> list[Any]:
     """The JSON (or `[DONE]`) of each `data:` line of an SSE body."""
     out: list[Any] = []
-    for line in text.splitlines():
+    for line in sse_lines(text):
         if line.startswith("data: "):
             data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))

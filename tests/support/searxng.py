@@ -36,7 +36,7 @@ def searxng(pages: list[Page], *, status: int = 200) -> Iterator[SearxNG]:
     state = SearxNG("")
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        def do_GET(self) -> None:
             parts = urllib.parse.urlsplit(self.path)
             params = urllib.parse.parse_qs(parts.query)
             if parts.path != "/search" or params.get("format") != ["json"]:
@@ -48,7 +48,9 @@ def searxng(pages: list[Page], *, status: int = 200) -> Iterator[SearxNG]:
                 {"url": p.url, "title": p.title, "content": p.content, "engine": "test"}
                 for p in pages
             ]
-            body = json.dumps({"query": query, "number_of_results": len(results), "results": results})
+            body = json.dumps(
+                {"query": query, "number_of_results": len(results), "results": results}
+            )
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.end_headers()

@@ -48,6 +48,8 @@ from respd.service.responses.service import ResponsesService
 from respd.service.responses.socket_limits import SocketLimits
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
+from respd.service.tools.hosted.plan import HostedToolbox
+from respd.service.tools.hosted.settings import HostedToolSettings
 from respd.service.vector_stores.service import VectorStores
 from respd.store import MemoryStore, Store
 from respd.store.base import DEFAULT_JOB_LEASE_SECS, DEFAULT_PURGE_INTERVAL_SECS
@@ -65,6 +67,7 @@ class Services:
     chat: ChatService
     media: MediaResolver
     runs: ActiveRuns
+    toolbox: HostedToolbox
 
 
 def build_services(
@@ -79,8 +82,10 @@ def build_services(
     sealer: Sealer | None,
     quotas: KeyQuotas | None = None,
     vector_stores: VectorStores | None = None,
+    hosted_tools: HostedToolSettings | None = None,
 ) -> Services:
     resolver = MediaResolver(store, media)
+    toolbox = HostedToolbox.from_settings(hosted_tools or HostedToolSettings(), vector_stores)
     shared = Shared(
         models,
         store,
@@ -90,6 +95,7 @@ def build_services(
         limits=input_limits or InputLimits(),
         quotas=quotas or KeyQuotas(QuotaSettings()),
         vector_stores=vector_stores,
+        toolbox=toolbox,
     )
     return Services(
         responses=ResponsesService(shared, lease_secs=job_lease_secs),
@@ -98,6 +104,7 @@ def build_services(
         chat=ChatService(shared),
         media=resolver,
         runs=shared.runs,
+        toolbox=toolbox,
     )
 
 
@@ -185,6 +192,7 @@ def create_app(
     socket_limits: SocketLimits | None = None,
     embedders: Iterable[Embedder] = (),
     file_search_embedder: Embedder | None = None,
+    hosted_tools: HostedToolSettings | None = None,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown. `embedders` answer
@@ -205,6 +213,7 @@ def create_app(
         sealer=sealer,
         quotas=key_quotas,
         vector_stores=vector_stores,
+        hosted_tools=hosted_tools,
     )
     runs = services.runs
     runs.gate = admission
@@ -227,7 +236,9 @@ def create_app(
     app.state.socket_limits = socket_limits or SocketLimits()
     _install_routes(app)
     _install_middleware(app, keys, guard, quotas)
-    install_metrics(app, models, store, runs, metrics_api_key, services.media.cache)
+    install_metrics(
+        app, models, store, runs, metrics_api_key, services.media.cache, services.toolbox
+    )
     if quotas is not None and quotas.tokens_per_minute:
         runs.observer = TokenAccounting(app.state.quotas, then=runs.observer)
     return app

@@ -28,6 +28,7 @@ from respd.service.generation.core import ActiveRuns, Api
 from respd.service.generation.output import Usage
 from respd.service.media.cache import MediaCache
 from respd.service.models import ModelRegistry
+from respd.service.tools.hosted.plan import HostedToolbox
 from respd.store import Store
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,24 @@ class LoopCollector(Collector):
             "Turns ended as incomplete because they filled the context window.",
             self.runs.context_ends,
         )
+
+
+class ServerToolCollector(Collector):
+    """Calls of the tools the server runs for the model, by tool and outcome."""
+
+    def __init__(self, toolbox: HostedToolbox) -> None:
+        self.toolbox = toolbox
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "respd_server_tool_calls",
+            "Calls of tools the server runs itself (mcp, mcp_list_tools, file_search, "
+            "web_search), by outcome (completed, failed).",
+            labels=["type", "outcome"],
+        )
+        for (tool, outcome), count in sorted(self.toolbox.calls.items()):
+            family.add_metric([tool, outcome], count)
+        yield family
 
 
 def _per_api(name: str, documentation: str, counts: Mapping[Api, int]) -> CounterMetricFamily:
@@ -308,6 +327,7 @@ def install_metrics(
     runs: ActiveRuns,
     api_key: str | None,
     media_cache: MediaCache | None = None,
+    toolbox: HostedToolbox | None = None,
 ) -> Metrics:
     """Serve `/metrics` (behind `api_key` when one is given), count every request, and
     observe every generation. Call it after the other middlewares: it wraps them all, so
@@ -315,6 +335,8 @@ def install_metrics(
     metrics = Metrics(models, store, media_cache, runs)
     runs.observer = metrics
     metrics.registry.register(LoopCollector(runs))
+    if toolbox is not None:
+        metrics.registry.register(ServerToolCollector(toolbox))
     app.state.metrics = metrics
     app.state.metrics_api_key = api_key or None
     add_routes(app, router)

@@ -22,6 +22,7 @@ from respd.config.log import LogConfig
 from respd.config.media import MediaConfig
 from respd.config.sampling import SamplingConfig
 from respd.config.store import StoreConfig
+from respd.config.tools import ToolsConfig
 from respd.config.upstream import UpstreamConfig
 from respd.config.vector_stores import VectorStoresConfig
 from respd.config.websocket import WebSocketConfig
@@ -39,6 +40,7 @@ class Settings(
     SamplingConfig,
     UpstreamConfig,
     MediaConfig,
+    ToolsConfig,
     VectorStoresConfig,
     StoreConfig,
     LogConfig,

@@ -12,6 +12,7 @@ from respd.service.media.resolver import MediaResolver
 from respd.service.models import ModelRegistry
 from respd.service.quotas import KeyQuotas, QuotaSettings
 from respd.service.sealing import Sealer
+from respd.service.tools.hosted.plan import HostedToolbox
 from respd.service.vector_stores.service import VectorStores
 from respd.store.base import Store
 
@@ -28,3 +29,5 @@ class Shared:
     quotas: KeyQuotas = field(default_factory=lambda: KeyQuotas(QuotaSettings()))
     # Vector stores and their search (the `file_search` tool's).
     vector_stores: VectorStores | None = None
+    # The tools this server runs for the model: their settings, web search backend, stores.
+    toolbox: HostedToolbox = field(default_factory=HostedToolbox)

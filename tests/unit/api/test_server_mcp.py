@@ -53,9 +53,11 @@ async def _client(
 ) -> AsyncIterator[httpx.AsyncClient]:
     hosted = HostedToolSettings(timeout_secs=3, mcp_allowed_hosts=allowed)
     app = create_app(engine, store or MemoryStore(), hosted_tools=hosted)
-    async with serving(app) as port:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            yield http
+    async with (
+        serving(app) as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
+    ):
+        yield http
 
 
 async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -123,7 +125,7 @@ async def test_approval_then_the_call_runs_in_the_next_turn_without_listing_agai
             )
         ).json()
         strict_response(first)
-        listing, request = first["output"]
+        _listing, request = first["output"]
         assert request["type"] == "mcp_approval_request" and request["name"] == "lookup_fact"
         assert len(engine.calls) == 1  # nothing ran: the client decides first
         approval = {
@@ -143,7 +145,7 @@ async def test_approval_then_the_call_runs_in_the_next_turn_without_listing_agai
             )
         ).json()
     strict_response(second)
-    call, answer = second["output"]  # no second listing: the chain holds one
+    call, _answer = second["output"]  # no second listing: the chain holds one
     assert call["type"] == "mcp_call" and call["approval_request_id"] == request["id"]
     assert call["status"] == "completed" and "7491" in call["output"]
     assert "7491" in _read(engine.calls[1])

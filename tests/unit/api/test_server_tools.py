@@ -70,6 +70,7 @@ async def test_a_web_search_runs_and_the_model_answers_in_the_same_response() ->
                 "include": ["web_search_call.action.sources"],
             }
             events = await _stream(http, body)
+            metrics = (await http.get("/metrics")).text
     assert server.queries == ["otter sleep"]
     types = [e["type"] for e in events]
     searching = types.index("response.web_search_call.searching")
@@ -91,6 +92,7 @@ async def test_a_web_search_runs_and_the_model_answers_in_the_same_response() ->
     assert "hold hands while sleeping" in _read(engine.calls[1])
     usage = done["usage"]
     assert usage["input_tokens"] == sum(c.prompt.n_tokens for c in engine.calls)
+    assert 'respd_server_tool_calls_total{outcome="completed",type="web_search"} 1.0' in metrics
 
 
 async def test_sources_are_left_out_unless_included_and_a_failed_search_is_told() -> None:

@@ -284,7 +284,7 @@ class ResponseEventMachine:
         t = self._text
         assert t is not None
         self._text = None
-        cited = self._citations(t) if item_status == "completed" else []
+        cited = self._citations(t)  # a cut answer still cites what it read
         item = t.item(item_status)
         if t.kind == "message" and phase is not None:
             item["phase"] = phase

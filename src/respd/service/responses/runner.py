@@ -225,11 +225,17 @@ class ResponseRunner:
         return history, await self.conversation(engine, owner, history, items, req.instructions)
 
     async def prepare(
-        self, req: CreateResponseRequest, owner: str, *, stream_compaction: bool = False
+        self,
+        req: CreateResponseRequest,
+        owner: str,
+        *,
+        stream_compaction: bool = False,
+        counting: bool = False,
     ) -> PreparedResponse:
         """Everything up to the first event; raises (and stores nothing) on a bad request.
         With `stream_compaction`, an automatic compaction is left for `run` to make in the
-        response's stream; otherwise it is made now."""
+        response's stream; otherwise it is made now. `counting`: only the prompt is wanted
+        (no approved tool call runs)."""
         engine = self.checked_engine(req)
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         sampling = request_sampling(req)
@@ -244,7 +250,7 @@ class ResponseRunner:
         # tools earlier searches loaded: offered, and choosable, like the request's own
         load_found(offered, [history.items, req.input], engine.check_schema)
         input_items = normalize_items(req.input)
-        hosted = await self._hosted(engine, req, owner, offered, history, input_items)
+        hosted = await self._hosted(engine, req, owner, offered, history, input_items, counting)
         if hosted is not None:
             messages += input_to_messages(
                 hosted.prompt_items,
@@ -311,6 +317,7 @@ class ResponseRunner:
         offered: ResponseTools,
         history: History,
         input_items: list[JSON],
+        counting: bool,
     ) -> HostedTools | None:
         """The server-run tools, offered beside the request's own (their calls routed to
         their items); None when the request has none and answers no approval."""
@@ -324,6 +331,7 @@ class ResponseRunner:
             history=history.items,
             input_items=input_items,
             check=engine.check_schema,
+            run_approved=not counting,
         )
         if hosted is None:
             return None

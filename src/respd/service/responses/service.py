@@ -216,5 +216,5 @@ class ResponsesService:
         fields = body.model_dump(exclude_none=True, by_alias=True, exclude=ignored)
         fields["model"] = body.model or self.models.default().model_id
         req = CreateResponseRequest.model_validate(fields)
-        prepared = await self.runner.prepare(req, owner)
+        prepared = await self.runner.prepare(req, owner, counting=True)
         return prepared.prompt_tokens

@@ -11,6 +11,7 @@ the client approved in this turn's input (`mcp_approval_response`) before the mo
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import re
@@ -119,6 +120,7 @@ class HostedTools:
             log.exception("server tool %s failed", route.kind)
             outcome = Outcome.failure(f"internal error ({type(exc).__name__})", **_empty(route))
         self.sources += outcome.sources
+        self.toolbox.count(route.kind, outcome.status)
         log.info("server tool %s %s: %s", route.kind, route.name, outcome.status)
         return outcome
 
@@ -213,6 +215,12 @@ class HostedToolbox:
     settings: HostedToolSettings = field(default_factory=HostedToolSettings)
     stores: VectorStores | None = None
     backend: SearchBackend | None = None
+    # calls run so far, by tool (`mcp`, `mcp_list_tools`, `file_search`, `web_search`) and
+    # outcome (`completed`, `failed`), for /metrics
+    calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
+
+    def count(self, tool: str, outcome: str) -> None:
+        self.calls[(tool, outcome)] += 1
 
     @classmethod
     def from_settings(
@@ -229,8 +237,11 @@ class HostedToolbox:
         history: list[JSON],
         input_items: list[JSON],
         check: SchemaCheck,
+        run_approved: bool = True,
     ) -> HostedTools | None:
-        """The request's server-run tools (None: it has none this server runs)."""
+        """The request's server-run tools (None: it has none this server runs).
+        `run_approved` False (a token count): approved calls are shown to the model, not
+        run, so counting has no side effect."""
         tools = HostedTools(self, owner, frozenset(include))
         for param, entry in entries:
             kind = entry["type"]
@@ -259,7 +270,7 @@ class HostedToolbox:
                     )
                 tools.servers[server.label] = server
         await self._list_servers(tools, history, check)
-        await self._approved(tools, [*history, *input_items], input_items)
+        await self._approved(tools, [*history, *input_items], input_items, run_approved)
         if not tools.definitions and not tools.ran and not tools.prompt_items:
             return None if not tools.listed else tools
         return tools
@@ -306,11 +317,14 @@ class HostedToolbox:
             log.warning(
                 "listing the tools of MCP server %r failed: %s", server.label, failure.message
             )
+            self.count("mcp_list_tools", "failed")
             return {**item, "tools": [], "error": failure.message}
-        return {**item, "tools": [t.as_item_entry() for t in listed], "error": None}
+        self.count("mcp_list_tools", "completed")
+        shown = [t.as_item_entry() for t in listed if server.allows(t)]
+        return {**item, "tools": shown, "error": None}
 
     async def _approved(
-        self, tools: HostedTools, items: list[JSON], input_items: list[JSON]
+        self, tools: HostedTools, items: list[JSON], input_items: list[JSON], run: bool
     ) -> None:
         """The calls this turn's `mcp_approval_response` items answer: run when approved
         (an `mcp_call` of this response), told to the model as declined otherwise."""
@@ -343,7 +357,9 @@ class HostedToolbox:
                 "arguments": request.get("arguments") or "{}",
                 "approval_request_id": request.get("id"),
             }
-            if item.get("approve") is True:
+            if item.get("approve") is True and not run:
+                tools.prompt_items.append({**call, "status": "in_progress", "output": None})
+            elif item.get("approve") is True:
                 route = ToolRoute("mcp", str(call["name"]), server.label)
                 outcome = await tools.run(route, str(call["arguments"]))
                 call = {**call, **outcome.fields, "status": outcome.status}
