@@ -36,6 +36,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
         "2",
         "--data-dir",
         str(tmp_path_factory.mktemp("respd-clients-data")),
+        # the hosted-MCP flows' server is the test's own, on this host
+        "--mcp-allowed-hosts",
+        "127.0.0.1",
     )
     yield srv
     srv.stop()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 
 import openai
 import pytest
 from agents import (
     Agent,
+    FileSearchTool,
+    HostedMCPTool,
     ModelSettings,
     OpenAIConversationsSession,
     OpenAIResponsesModel,
@@ -15,9 +19,16 @@ from agents import (
     function_tool,
     set_tracing_disabled,
 )
-from openai.types.responses import ResponseFunctionToolCall, ResponseTextDeltaEvent
+from openai.types.responses import (
+    ResponseFileSearchToolCall,
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseTextDeltaEvent,
+)
+from openai.types.responses.response_output_item import McpCall, McpListTools
 
 from tests.clients.capture import CaptureProxy
+from tests.support.mcp_server import McpTestServer, mcp_server
 from tests.support.servers import MODEL_ID
 
 CLIENT = "agents-python"
@@ -154,3 +165,97 @@ def test_streamed_run(base_url: str) -> None:
 
     text, final = asyncio.run(run())
     assert text and text == final
+
+
+@pytest.fixture(scope="module")
+def mcp() -> Iterator[McpTestServer]:
+    with mcp_server() as running:
+        yield running
+
+
+def _forced(max_tokens: int = 200) -> ModelSettings:
+    """The agent's first turn must call its (only) tool; the model answers after it."""
+    return ModelSettings(tool_choice="required", temperature=0, max_tokens=max_tokens)
+
+
+@pytest.mark.flow(CLIENT, "hosted-mcp")
+def test_hosted_mcp_tool(base_url: str, mcp: McpTestServer) -> None:
+    """A `HostedMCPTool`: respd lists the server's tools and runs the call itself, inside the
+    model's one response; the agent sees the listing and the call as run items."""
+    tool = HostedMCPTool(
+        tool_config={
+            "type": "mcp",
+            "server_label": "facts",
+            "server_url": mcp.url,
+            "allowed_tools": ["lookup_fact"],
+            "require_approval": "never",
+        }
+    )
+    agent = Agent(
+        name="assistant",
+        instructions="Look facts up with your tool, then answer.",
+        tools=[tool],
+        model=model(base_url),
+        model_settings=_forced(),
+    )
+    result = Runner.run_sync(agent, "What is the secret code of otters?", max_turns=2)
+    raws = [item.raw_item for item in result.new_items]
+    listings = [r for r in raws if isinstance(r, McpListTools)]
+    calls = [r for r in raws if isinstance(r, McpCall)]
+    assert listings and [t.name for t in listings[0].tools] == ["lookup_fact"]
+    assert calls and calls[0].status == "completed" and "7491" in (calls[0].output or "")
+    assert isinstance(result.final_output, str) and result.final_output.strip()
+
+
+@pytest.mark.flow(CLIENT, "file-search")
+def test_file_search_tool(base_url: str) -> None:
+    """A `FileSearchTool` over a vector store made through the same SDK: respd searches it
+    inside the response; the answer cites the file holding the fact."""
+    client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0)
+    docs = {
+        "lighthouse.txt": "The lighthouse keeper's secret ingredient is smoked butter.",
+        "roses.txt": "Prune the roses in early spring, before the new buds open.",
+    }
+    ids = {
+        name: client.files.create(file=(name, text.encode()), purpose="assistants").id
+        for name, text in docs.items()
+    }
+    store = client.vector_stores.create(name="notes", file_ids=list(ids.values()))
+    for _ in range(600):
+        if client.vector_stores.retrieve(store.id).file_counts.completed == len(docs):
+            break
+        time.sleep(0.1)
+    tool = FileSearchTool(
+        vector_store_ids=[store.id], max_num_results=2, include_search_results=True
+    )
+    agent = Agent(
+        name="assistant",
+        instructions="Search the user's files, then answer.",
+        tools=[tool],
+        model=model(base_url),
+        model_settings=_forced(),
+    )
+    result = Runner.run_sync(
+        agent, "What is the lighthouse keeper's secret ingredient?", max_turns=2
+    )
+    searches = [
+        item.raw_item
+        for item in result.new_items
+        if isinstance(item.raw_item, ResponseFileSearchToolCall)
+    ]
+    assert searches and searches[0].status == "completed"
+    assert searches[0].results and searches[0].results[0].file_id == ids["lighthouse.txt"]
+    messages = [
+        item.raw_item
+        for item in result.new_items
+        if isinstance(item.raw_item, ResponseOutputMessage)
+    ]
+    cited = [
+        a.file_id
+        for m in messages
+        for part in m.content
+        if part.type == "output_text"
+        for a in part.annotations
+        if a.type == "file_citation"
+    ]
+    assert ids["lighthouse.txt"] in cited

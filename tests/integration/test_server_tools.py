@@ -9,6 +9,7 @@ to an answer in the same response, and every item and event is the SDK's type.""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,5 +215,53 @@ def test_a_forced_web_search_runs_on_searxng_and_the_answer_cites_a_page(
         "response.web_search_call.searching",
         "response.web_search_call.completed",
         "response.output_text.annotation.added",
+    ):
+        assert event_type in types
+
+
+DOCS = {
+    "risotto.md": "# Risotto\n\nStir the rice slowly with warm stock. The lighthouse keeper's "
+    "secret ingredient is a knob of smoked butter.",
+    "roses.txt": "Prune the roses in early spring, before the new buds open.",
+    "cars.txt": "The sedan broke down on the highway and was towed to a garage.",
+}
+
+
+def _indexed_store(client: openai.OpenAI) -> tuple[str, dict[str, str]]:
+    ids = {
+        name: client.files.create(file=(name, text.encode()), purpose="assistants").id
+        for name, text in DOCS.items()
+    }
+    store = client.vector_stores.create(name="kitchen", file_ids=list(ids.values()))
+    deadline = time.monotonic() + 60
+    while client.vector_stores.retrieve(store.id).file_counts.completed < len(DOCS):
+        assert time.monotonic() < deadline, "the files were not indexed"
+        time.sleep(0.1)
+    return store.id, ids
+
+
+def test_a_forced_file_search_runs_over_the_store_and_the_answer_cites_the_file(
+    tclient: openai.OpenAI,
+) -> None:
+    store, ids = _indexed_store(tclient)
+    types, done = _stream(
+        tclient,
+        input="What is the lighthouse keeper's secret ingredient?",
+        tools=[{"type": "file_search", "vector_store_ids": [store], "max_num_results": 2}],
+        tool_choice={"type": "file_search"},
+        include=["file_search_call.results"],
+    )
+    call = done.output[0]
+    assert call.type == "file_search_call" and call.status == "completed" and call.queries
+    assert call.results and call.results[0].file_id == ids["risotto.md"]
+    assert "smoked butter" in (call.results[0].text or "")
+    answer = done.output[-1]
+    assert answer.type == "message"
+    cited = [a for a in answer.content[0].annotations if a.type == "file_citation"]
+    assert cited and cited[0].file_id == ids["risotto.md"] and cited[0].filename == "risotto.md"
+    for event_type in (
+        "response.file_search_call.in_progress",
+        "response.file_search_call.searching",
+        "response.file_search_call.completed",
     ):
         assert event_type in types

@@ -6,13 +6,16 @@ nor stored. Every event and response is checked with the SDK's types."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 from respd.api.app import create_app
 from respd.engines.fake import FakeEngine, Reply
@@ -240,3 +243,64 @@ async def test_credentials_are_neither_echoed_nor_stored(
         assert secret not in r.text and secret not in fetched
         for file in tmp_path.iterdir():
             assert secret.encode() not in file.read_bytes(), file
+
+
+@pytest.mark.waits
+async def test_a_background_response_runs_its_call_and_a_cancel_stops_a_hanging_one(
+    server: McpTestServer,
+) -> None:
+    engine = FakeEngine(
+        [
+            Reply([_call("lab__add", {"a": 4, "b": 5})]),
+            "Nine.",
+            Reply([_call("lab__sleep", {"seconds": 30})]),
+        ],
+        model_id=FAKE_MODEL,
+    )
+    tools = [_tool(server, require_approval="never")]
+    async for http in _client(engine):
+        body = {"model": FAKE_MODEL, "input": "4+5", "tools": tools, "background": True}
+        queued = (await http.post("/v1/responses", json=body)).json()
+        for _ in range(200):
+            done = (await http.get(f"/v1/responses/{queued['id']}")).json()
+            if done["status"] not in ("queued", "in_progress"):
+                break
+            await asyncio.sleep(0.05)
+        strict_response(done)
+        assert done["status"] == "completed"
+        assert [o["type"] for o in done["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+        assert done["output"][1]["output"] == "9"
+        hanging = (await http.post("/v1/responses", json={**body, "input": "Sleep"})).json()
+        await asyncio.sleep(1)  # the fake engine is instant: the call is running
+        started = time.monotonic()
+        cancelled = (await http.post(f"/v1/responses/{hanging['id']}/cancel")).json()
+        assert time.monotonic() - started < 2  # the call stopped: no 30 s wait, nor 3 s limit
+    strict_response(cancelled)
+    assert cancelled["status"] == "cancelled"
+    call = cancelled["output"][-1]
+    assert call["type"] == "mcp_call" and call["status"] == "incomplete"
+
+
+def test_the_websocket_mode_runs_server_calls_in_its_responses(server: McpTestServer) -> None:
+    engine = FakeEngine(
+        [Reply([_call("lab__add", {"a": 2, "b": 2})]), "Four."], model_id=FAKE_MODEL
+    )
+    hosted = HostedToolSettings(mcp_allowed_hosts=frozenset({"127.0.0.1"}))
+    app = create_app(engine, MemoryStore(), hosted_tools=hosted)
+    with TestClient(app) as client, client.websocket_connect("/v1/responses") as ws:
+        ws.send_json(
+            {
+                "type": "response.create",
+                "model": FAKE_MODEL,
+                "input": "2+2",
+                "tools": [_tool(server, require_approval="never")],
+            }
+        )
+        events = []
+        while not events or events[-1]["type"] not in ("response.completed", "response.failed"):
+            events.append(ws.receive_json())
+            EVENT_ADAPTER.validate_python(events[-1])
+    done = strict_response(events[-1]["response"])
+    assert done.status == "completed"
+    assert [o.type for o in done.output] == ["mcp_list_tools", "mcp_call", "message"]
+    assert "response.mcp_call.completed" in [e["type"] for e in events]

@@ -5,6 +5,7 @@ response is checked with the SDK's types."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -18,6 +19,7 @@ from respd.store import MemoryStore
 from tests.support.fake import FAKE_MODEL
 from tests.support.sdk_types import EVENT_ADAPTER, strict_response
 from tests.support.searxng import Page, searxng
+from tests.support.uvicorn_server import serving
 
 PAGES = [
     Page("https://example.org/otters", "Otter facts", "Sea otters hold hands while sleeping."),
@@ -169,3 +171,62 @@ async def test_bad_server_tools_are_400s_naming_the_field(tool: dict[str, Any], 
         )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+async def _indexed_store(
+    http: httpx.AsyncClient, docs: dict[str, str]
+) -> tuple[str, dict[str, str]]:
+    """A vector store holding `docs` (name → text), once every file is indexed."""
+    ids = {}
+    for name, text in docs.items():
+        r = await http.post(
+            "/v1/files", files={"file": (name, text.encode())}, data={"purpose": "assistants"}
+        )
+        assert r.status_code == 200, r.text
+        ids[name] = r.json()["id"]
+    r = await http.post("/v1/vector_stores", json={"name": "docs", "file_ids": list(ids.values())})
+    assert r.status_code == 200, r.text
+    store = r.json()["id"]
+    for _ in range(200):
+        counts = (await http.get(f"/v1/vector_stores/{store}")).json()["file_counts"]
+        if counts["completed"] == len(docs):
+            return store, ids
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the files were not indexed: {counts}")
+
+
+async def test_a_file_search_runs_over_the_vector_store_and_the_answer_cites_the_file() -> None:
+    engine = FakeEngine(
+        [Reply([_call("file_search", {"queries": ["lighthouse keeper"]})]), "Butter."],
+        model_id=FAKE_MODEL,
+    )
+    app = create_app(engine, MemoryStore())
+    async with serving(app) as port, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        store, ids = await _indexed_store(
+            http,
+            {
+                "risotto.txt": "The lighthouse keeper stirs the risotto with butter.",
+                "roses.txt": "Prune the roses in early spring.",
+            },
+        )
+        tool = {"type": "file_search", "vector_store_ids": [store], "max_num_results": 2}
+        base = {"model": FAKE_MODEL, "input": "Who stirs?", "tools": [tool]}
+        events = await _stream(http, {**base, "include": ["file_search_call.results"]})
+        missing = await http.post(
+            "/v1/responses",
+            json={**base, "tools": [{**tool, "vector_store_ids": ["vs_nope"]}]},
+        )
+    assert missing.status_code == 404
+    assert missing.json()["error"]["param"] == "tools[0].vector_store_ids"
+    types = [e["type"] for e in events]
+    assert types.index("response.file_search_call.searching") < types.index(
+        "response.file_search_call.completed"
+    )
+    done = strict_response(events[-1]["response"])
+    call, answer = done.output
+    assert call.type == "file_search_call" and call.queries == ["lighthouse keeper"]
+    assert call.results and call.results[0].file_id == ids["risotto.txt"]
+    (citation,) = answer.content[0].annotations
+    assert citation.type == "file_citation" and citation.file_id == ids["risotto.txt"]
+    assert citation.filename == "risotto.txt"
+    assert "lighthouse keeper stirs" in _read(engine.calls[1])

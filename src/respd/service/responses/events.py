@@ -615,7 +615,7 @@ class ResponseEventMachine:
         self.usage = usage
         incomplete = incomplete or incomplete_reason is not None
         item_status = "incomplete" if incomplete else "completed"
-        events = self._close_open(item_status, "final_answer")
+        events = self._close_open(item_status, "final_answer") + self.close_pending()
         # An empty answer is still one (empty) message; a budget spent while thinking
         # leaves only the (incomplete) reasoning item.
         answered = any(o["type"] != "reasoning" for o in self.output)
@@ -652,7 +652,7 @@ class ResponseEventMachine:
 
     def fail(self, message: str, *, code: str = "server_error") -> list[ResponseStreamEvent]:
         """Close open items as incomplete and emit `response.failed`."""
-        events = self._close_open("incomplete")
+        events = self._close_open("incomplete") + self.close_pending()
         self.status = "failed"
         self.error = {"code": code, "message": message}
         events.append(
@@ -663,6 +663,6 @@ class ResponseEventMachine:
     def cancel(self, *, usage: Usage) -> list[ResponseStreamEvent]:
         """Generation stopped on request: keep partial output, status `cancelled`."""
         self.usage = usage
-        events = self._close_open("incomplete")
+        events = self._close_open("incomplete") + self.close_pending()
         self.status = "cancelled"
         return events

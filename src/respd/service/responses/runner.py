@@ -250,7 +250,10 @@ class ResponseRunner:
         # tools earlier searches loaded: offered, and choosable, like the request's own
         load_found(offered, [history.items, req.input], engine.check_schema)
         input_items = normalize_items(req.input)
-        hosted = await self._hosted(engine, req, owner, offered, history, input_items, counting)
+        question = next((m.text for m in reversed(messages) if m.role == "user"), None)
+        hosted = await self._hosted(
+            engine, req, owner, offered, history, input_items, counting, question
+        )
         if hosted is not None:
             messages += input_to_messages(
                 hosted.prompt_items,
@@ -318,6 +321,7 @@ class ResponseRunner:
         history: History,
         input_items: list[JSON],
         counting: bool,
+        question: str | None,
     ) -> HostedTools | None:
         """The server-run tools, offered beside the request's own (their calls routed to
         their items); None when the request has none and answers no approval."""
@@ -332,6 +336,7 @@ class ResponseRunner:
             input_items=input_items,
             check=engine.check_schema,
             run_approved=not counting,
+            question=question,
         )
         if hosted is None:
             return None

@@ -160,15 +160,15 @@ async def _run_calls(
     """Run the server-run calls the pass wrote, in order; those past the cap are closed
     unrun."""
     hosted = loop.hosted
-    pending, machine.pending = list(machine.pending), []
-    for call in pending:
+    for call in list(machine.pending):
         if hosted is None or made >= loop.max_calls:
-            machine.pending.append(call)
             continue
         made += 1
         for event in machine.run_started(call.output_index):
             yield event
+        # still pending while it runs: a cancel or failure meanwhile closes it incomplete
         outcome = await hosted.run(call.route, call.arguments)
+        machine.pending.remove(call)
         loop.results[call.id] = outcome.text
         for event in machine.run_finished(call.output_index, outcome):
             yield event

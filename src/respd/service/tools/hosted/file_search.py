@@ -80,32 +80,43 @@ async def file_search(
     *,
     timeout: float,
     include_results: bool,
+    question: str | None = None,
 ) -> Outcome:
+    """Run the call's queries; when they find nothing, the user's `question` is searched
+    too (and listed among the queries): a small model's own queries often miss."""
     queries = queries_of(arguments)
-    if not queries:
-        return Outcome.failure("no search query was given", queries=[])
     if stores is None:
         return Outcome.failure("this server has no vector stores", queries=queries)
     best: dict[tuple[str, str], Any] = {}
+
+    async def run(query: str) -> None:
+        assert stores is not None
+        hits = await stores.search(
+            owner,
+            list(tool.vector_store_ids),
+            query,
+            max_num_results=tool.max_num_results,
+            filters=tool.filters,
+            ranking_options=tool.ranking_options,
+        )
+        for hit in hits:
+            key = (hit.file_id, hit.text)
+            if key not in best or best[key].score < hit.score:
+                best[key] = hit
+
     try:
         async with asyncio.timeout(timeout):
             for query in queries:
-                hits = await stores.search(
-                    owner,
-                    list(tool.vector_store_ids),
-                    query,
-                    max_num_results=tool.max_num_results,
-                    filters=tool.filters,
-                    ranking_options=tool.ranking_options,
-                )
-                for hit in hits:
-                    key = (hit.file_id, hit.text)
-                    if key not in best or best[key].score < hit.score:
-                        best[key] = hit
+                await run(query)
+            if not best and question and question.strip() and question.strip() not in queries:
+                queries.append(question.strip())
+                await run(question.strip())
     except TimeoutError:
         return Outcome.failure(f"the search took longer than {timeout:g} seconds", queries=queries)
     except APIError as exc:
         return Outcome.failure(exc.message, queries=queries)
+    if not queries:
+        return Outcome.failure("no search query was given", queries=[])
     ranked = sorted(best.values(), key=lambda h: -h.score)[: tool.max_num_results]
     results = [
         {

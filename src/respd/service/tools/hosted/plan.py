@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from respd.engines.base import ToolDefinition
 from respd.engines.constraints import SchemaRejected
-from respd.protocol.errors import InvalidRequest
+from respd.protocol.errors import APIError, InvalidRequest
 from respd.service.ids import new_id
 from respd.service.tools.definitions import (
     FILE_SEARCH_NAME,
@@ -98,6 +98,7 @@ class HostedTools:
     web: WebSearchTool | None = None
     files: FileSearchTool | None = None
     sources: list[Source] = field(default_factory=list)  # what calls found, to cite
+    question: str | None = None  # the user's last message, a file search's fallback query
 
     async def run(self, route: ToolRoute, arguments: str) -> Outcome:
         """Run one call; every failure becomes a failed outcome the model reads (only
@@ -138,6 +139,7 @@ class HostedTools:
                 args,
                 timeout=timeout,
                 include_results=RESULTS_INCLUDE in self.include,
+                question=self.question,
             )
         assert self.web is not None and toolbox.backend is not None
         if route.name == OPEN_PAGE_NAME:
@@ -238,17 +240,19 @@ class HostedToolbox:
         input_items: list[JSON],
         check: SchemaCheck,
         run_approved: bool = True,
+        question: str | None = None,
     ) -> HostedTools | None:
         """The request's server-run tools (None: it has none this server runs).
         `run_approved` False (a token count): approved calls are shown to the model, not
         run, so counting has no side effect."""
-        tools = HostedTools(self, owner, frozenset(include))
+        tools = HostedTools(self, owner, frozenset(include), question=question)
         for param, entry in entries:
             kind = entry["type"]
             if kind == "file_search":
                 if tools.files is not None:
                     raise _twice("file_search", param)
                 tools.files = FileSearchTool.from_tool(entry, param)
+                await self._check_stores(tools.files, owner, f"{param}.vector_store_ids")
                 _offer(tools, FILE_SEARCH, ToolRoute("file_search", FILE_SEARCH_NAME))
             elif kind in WEB_SEARCH_TOOLS:
                 web = WebSearchTool.from_tool(entry, param)
@@ -274,6 +278,20 @@ class HostedToolbox:
         if not tools.definitions and not tools.ran and not tools.prompt_items:
             return None if not tools.listed else tools
         return tools
+
+    async def _check_stores(self, tool: FileSearchTool, owner: str, param: str) -> None:
+        """Each store the tool names is the caller's (a 404 naming it, before anything
+        runs)."""
+        if self.stores is None:
+            raise InvalidRequest(
+                "This server has no vector stores to search.", param=param, code="invalid_value"
+            )
+        for store_id in tool.vector_store_ids:
+            try:
+                await self.stores.retrieve(owner, store_id)
+            except APIError as exc:
+                exc.param = param
+                raise
 
     async def _list_servers(
         self, tools: HostedTools, history: list[JSON], check: SchemaCheck
