@@ -312,6 +312,8 @@ def serve(settings: Settings) -> int:
     )
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     console.print(f"Store: {settings.store_location()}")
+    backend = settings.web_search_backend
+    console.print(f"Web search: {backend or 'off (no --web-search-backend)'}")
     ids = ", ".join(e.model_id for e in models)
     console.print(f"respd serving [bold]{ids}[/] at http://{host}:{settings.port}/v1")
     try:

@@ -233,6 +233,7 @@ def create_app(
     app.state.chat = services.chat
     app.state.quotas = key_quotas
     app.state.runs = runs
+    app.state.toolbox = services.toolbox
     app.state.socket_limits = socket_limits or SocketLimits()
     _install_routes(app)
     _install_middleware(app, keys, guard, quotas)

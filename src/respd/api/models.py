@@ -45,6 +45,8 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
         # The output cap of a request that sets none (null: the context window alone).
         max_output_tokens=request.app.state.runs.output.cap(engine.context_window),
         input_modalities=["text", "image"] if engine.vision else ["text"],
+        # the hosted tool types this server runs for the model (web search: with a backend)
+        server_tools=request.app.state.toolbox.tool_types(),
     )
 
 

@@ -73,6 +73,8 @@ async def test_a_web_search_runs_and_the_model_answers_in_the_same_response() ->
             }
             events = await _stream(http, body)
             metrics = (await http.get("/metrics")).text
+            models = (await http.get("/v1/models")).json()["data"]
+    assert models[0]["server_tools"] == ["mcp", "file_search", "web_search"]
     assert server.queries == ["otter sleep"]
     types = [e["type"] for e in events]
     searching = types.index("response.web_search_call.searching")
@@ -123,8 +125,10 @@ async def test_without_a_backend_web_search_is_left_out() -> None:
             "/v1/responses",
             json={"model": FAKE_MODEL, "input": "Hi", "tools": [{"type": "web_search"}]},
         )
+        models = (await http.get("/v1/models")).json()["data"]
     assert r.status_code == 200
     assert _tools(engine.calls[0]) == []
+    assert models[0]["server_tools"] == ["mcp", "file_search"]  # web search is off
 
 
 async def test_max_tool_calls_caps_server_calls() -> None:

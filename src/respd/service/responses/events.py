@@ -21,18 +21,11 @@ from openai.types.responses import (
     ResponseContentPartDoneEvent,
     ResponseCreatedEvent,
     ResponseFailedEvent,
-    ResponseFunctionCallArgumentsDeltaEvent,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
-    ResponseMcpCallArgumentsDeltaEvent,
     ResponseOutputItemAddedEvent,
     ResponseOutputItemDoneEvent,
-    ResponseOutputTextAnnotationAddedEvent,
     ResponseQueuedEvent,
-    ResponseReasoningSummaryPartAddedEvent,
-    ResponseReasoningSummaryPartDoneEvent,
-    ResponseReasoningSummaryTextDeltaEvent,
-    ResponseReasoningSummaryTextDoneEvent,
     ResponseStreamEvent,
 )
 from pydantic import BaseModel
@@ -50,9 +43,9 @@ from respd.service.generation.output import (
 )
 from respd.service.ids import new_id
 from respd.service.responses.hosted_items import (
+    announced,
     ended_events,
     finished_item,
-    item_object,
     started_events,
 )
 from respd.service.responses.text_items import (
@@ -60,14 +53,18 @@ from respd.service.responses.text_items import (
     TEXT_EVENTS,
     OpenText,
     TextKind,
+    citation_events,
     summarize_reasoning,
+    summary_events,
 )
 from respd.service.responses.tool_items import CALL_ITEM, SERVER_KINDS, OpenCall
 from respd.service.tools.definitions import ToolRoute
 from respd.service.tools.hosted.base import Outcome
 
-# The item types of calls the client runs (every call this machine writes).
-CLIENT_CALL_TYPES = frozenset(item_type for item_type, _ in CALL_ITEM.values())
+# The item types of calls the client runs (or approves): a steer waits for their output.
+CLIENT_CALL_TYPES = frozenset(
+    item_type for kind, (item_type, _) in CALL_ITEM.items() if kind not in SERVER_KINDS
+)
 
 # pydantic's own `model_construct` (the classmethod's function), not the SDK's override.
 _construct: Callable[..., Any] = vars(BaseModel)["model_construct"].__func__
@@ -321,7 +318,7 @@ class ResponseEventMachine:
             ),
         ]
         if summary:
-            closing += self._summary_events(t, summary)
+            closing += self._events(summary_events(t, summary))
         return [
             *closing,
             self._event(
@@ -338,48 +335,13 @@ class ResponseEventMachine:
         if t.kind != "message" or self.annotate is None:
             return []
         t.annotations = self.annotate(t.text)
-        return [
-            self._event(
-                ResponseOutputTextAnnotationAddedEvent,
-                type="response.output_text.annotation.added",
-                item_id=t.id,
-                output_index=t.output_index,
-                content_index=0,
-                annotation_index=i,
-                annotation=annotation,
-            )
-            for i, annotation in enumerate(t.annotations)
-        ]
+        return self._events(citation_events(t))
 
-    def _summary_events(self, t: OpenText, summary: str) -> list[ResponseStreamEvent]:
-        part = {"type": "summary_text", "text": summary}
-        where = {"item_id": t.id, "output_index": t.output_index, "summary_index": 0}
-        return [
-            self._event(
-                ResponseReasoningSummaryPartAddedEvent,
-                type="response.reasoning_summary_part.added",
-                part={**part, "text": ""},
-                **where,
-            ),
-            self._event(
-                ResponseReasoningSummaryTextDeltaEvent,
-                type="response.reasoning_summary_text.delta",
-                delta=summary,
-                **where,
-            ),
-            self._event(
-                ResponseReasoningSummaryTextDoneEvent,
-                type="response.reasoning_summary_text.done",
-                text=summary,
-                **where,
-            ),
-            self._event(
-                ResponseReasoningSummaryPartDoneEvent,
-                type="response.reasoning_summary_part.done",
-                part=part,
-                **where,
-            ),
-        ]
+    def _events(
+        self, pairs: list[tuple[type[BaseModel], dict[str, Any]]]
+    ) -> list[ResponseStreamEvent]:
+        """Events made elsewhere as (class, fields), numbered here in order."""
+        return [self._event(cls, **fields) for cls, fields in pairs]
 
     def output_text(
         self, delta: str, logprobs: list[TokenLogprob] | None = None
@@ -434,22 +396,8 @@ class ResponseEventMachine:
         if call is None or not delta:
             return []
         call.arguments += delta
-        if call.route.kind not in ("function", "mcp"):
-            return []
-        cls, prefix = (
-            (ResponseFunctionCallArgumentsDeltaEvent, "response.function_call_arguments")
-            if call.route.kind == "function"
-            else (ResponseMcpCallArgumentsDeltaEvent, "response.mcp_call_arguments")
-        )
-        return [
-            self._delta_event(
-                cls,
-                type=f"{prefix}.delta",
-                item_id=call.id,
-                output_index=call.output_index,
-                delta=delta,
-            )
-        ]
+        streamed = call.delta_event(delta)
+        return [] if streamed is None else [self._delta_event(streamed[0], **streamed[1])]
 
     def function_call_done(self, arguments: str, *, complete: bool) -> list[ResponseStreamEvent]:
         call = self._call
@@ -459,7 +407,7 @@ class ResponseEventMachine:
         if arguments != call.arguments and arguments.startswith(call.arguments):
             events += self.function_call_arguments(arguments[len(call.arguments) :])
         self._call = None
-        events += [self._event(cls, **fields) for cls, fields in call.closing_events()]
+        events += self._events(call.closing_events())
         if complete and call.route.kind in SERVER_KINDS:
             self.output[call.output_index] = call.item("in_progress")
             self.pending.append(call)  # finished once it has run (`run_finished`)
@@ -481,47 +429,27 @@ class ResponseEventMachine:
     def run_started(self, index: int) -> list[ResponseStreamEvent]:
         """The call whose item is at `index` starts running."""
         where = {"item_id": self.output[index]["id"], "output_index": index}
-        return [
-            self._event(cls, **fields) for cls, fields in started_events(self.output[index], where)
-        ]
+        return self._events(started_events(self.output[index], where))
 
     def run_finished(self, index: int, outcome: Outcome) -> list[ResponseStreamEvent]:
         """The call at `index` ran: its item finished with what the run gave."""
         item = finished_item(self.output[index], outcome)
         self.output[index] = item
         where = {"item_id": item["id"], "output_index": index}
-        events = [self._event(cls, **fields) for cls, fields in ended_events(item, where)]
-        events.append(
-            self._event(
-                ResponseOutputItemDoneEvent,
-                type="response.output_item.done",
-                output_index=index,
-                item=item_object(item),
-            )
-        )
-        return events
+        return self._events(ended_events(item, where)) + self.item_done(index, item)
 
     def ran_item(self, item: dict[str, Any]) -> list[ResponseStreamEvent]:
         """An item run before the model's first pass (a tools listing, an approved call),
         told as if it ran now: added, started, ended, done."""
-        announced = {**item, "status": "in_progress"} if "status" in item else item
-        if item["type"] == "mcp_list_tools":
-            announced = {**item, "tools": [], "error": None}
-        index, events = self.add_item(announced)
+        index, events = self.add_item(announced(item))
         where = {"item_id": item["id"], "output_index": index}
-        events += [self._event(cls, **fields) for cls, fields in started_events(item, where)]
-        events += [self._event(cls, **fields) for cls, fields in ended_events(item, where)]
+        events += self._events(started_events(item, where) + ended_events(item, where))
         return events + self.item_done(index, item)
 
     def close_pending(self) -> list[ResponseStreamEvent]:
         """Calls that will not run (the response ends first): finished `incomplete`."""
-        events: list[ResponseStreamEvent] = []
-        for call in self.pending:
-            item = call.item("incomplete")
-            self.output[call.output_index] = item
-            events += self.item_done(call.output_index, item)
-        self.pending.clear()
-        return events
+        pending, self.pending = self.pending, []
+        return [e for c in pending for e in self.item_done(c.output_index, c.item("incomplete"))]
 
     def apply(self, event: OutputEvent) -> list[ResponseStreamEvent]:
         """Drive the machine from one generation event (thinking first, then the answer's

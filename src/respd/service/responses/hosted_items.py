@@ -15,8 +15,6 @@ from openai.types.responses import (
     ResponseFileSearchCallCompletedEvent,
     ResponseFileSearchCallInProgressEvent,
     ResponseFileSearchCallSearchingEvent,
-    ResponseFileSearchToolCall,
-    ResponseFunctionWebSearch,
     ResponseMcpCallCompletedEvent,
     ResponseMcpCallFailedEvent,
     ResponseMcpCallInProgressEvent,
@@ -27,14 +25,13 @@ from openai.types.responses import (
     ResponseWebSearchCallInProgressEvent,
     ResponseWebSearchCallSearchingEvent,
 )
-from openai.types.responses.response_output_item import McpCall, McpListTools
 from pydantic import BaseModel
 
 from respd.service.tools.hosted.base import Outcome
 
 Event = tuple[type[BaseModel], dict[str, Any]]
 # Per item type: the events that say it started, completed and failed (a type with no
-# failed event tells it by the item's `failed` status alone), and its class.
+# failed event tells it by the item's `failed` status alone).
 _STARTED: dict[str, list[tuple[type[BaseModel], str]]] = {
     "mcp_call": [(ResponseMcpCallInProgressEvent, "response.mcp_call.in_progress")],
     "mcp_list_tools": [
@@ -62,13 +59,6 @@ _FAILED: dict[str, tuple[type[BaseModel], str]] = {
     "mcp_call": (ResponseMcpCallFailedEvent, "response.mcp_call.failed"),
     "mcp_list_tools": (ResponseMcpListToolsFailedEvent, "response.mcp_list_tools.failed"),
 }
-ITEM_CLASSES: dict[str, type[BaseModel]] = {
-    "mcp_call": McpCall,
-    "mcp_list_tools": McpListTools,
-    "file_search_call": ResponseFileSearchToolCall,
-    "web_search_call": ResponseFunctionWebSearch,
-}
-RUN_ITEM_TYPES = frozenset(_STARTED)
 
 
 def started_events(item: dict[str, Any], where: dict[str, Any]) -> list[Event]:
@@ -92,5 +82,9 @@ def finished_item(item: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
     return done
 
 
-def item_object(item: dict[str, Any]) -> BaseModel:
-    return ITEM_CLASSES[item["type"]].model_validate(item)
+def announced(item: dict[str, Any]) -> dict[str, Any]:
+    """An item run before the response began, as its `output_item.added` shows it: still
+    running (a listing with no tools yet)."""
+    if item["type"] == "mcp_list_tools":
+        return {**item, "tools": [], "error": None}
+    return {**item, "status": "in_progress"} if "status" in item else item

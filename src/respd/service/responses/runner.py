@@ -11,7 +11,7 @@ from typing import Any
 
 from openai.types.responses import ResponseStreamEvent
 
-from respd.engines.base import ChatMessage, Engine, SamplingParams
+from respd.engines.base import ChatMessage, Engine, SamplingParams, ToolDefinition
 from respd.protocol.echo import request_echo
 from respd.protocol.errors import ContextLengthExceeded, InvalidRequest, Unsupported
 from respd.protocol.responses import CreateResponseRequest, check_include
@@ -39,7 +39,12 @@ from respd.service.responses.tool_loop import MAX_SERVER_CALLS, ToolLoop, tool_l
 from respd.service.responses.translate import check_item_shapes, input_to_messages
 from respd.service.sealing import Sealer
 from respd.service.shared import Shared
-from respd.service.tools.definitions import ResponseTools, ToolRoute, responses_tool_choice
+from respd.service.tools.definitions import (
+    ResponseTools,
+    ToolPolicy,
+    ToolRoute,
+    responses_tool_choice,
+)
 from respd.service.tools.hosted.plan import HostedTools
 from respd.service.tools.tool_search import SearchPlan, load_found, offered_tools
 from respd.store.base import JSON, ResponseRecord
@@ -173,6 +178,19 @@ def request_sampling(req: CreateResponseRequest) -> SamplingParams:
     )
 
 
+def _tool_policy(req: CreateResponseRequest, tools: list[ToolDefinition]) -> ToolPolicy:
+    """`tool_choice` over the offered tools, with the request's call settings."""
+    policy = responses_tool_choice(req.tool_choice, tools)
+    if req.max_tool_calls is not None and req.max_tool_calls < 1:
+        raise InvalidRequest(
+            "Invalid 'max_tool_calls': expected a value >= 1.",
+            param="max_tool_calls",
+            code="integer_below_min_value",
+        )
+    parallel = req.parallel_tool_calls is not False
+    return replace(policy, parallel=parallel, max_calls=req.max_tool_calls)
+
+
 def _check_state_params(req: CreateResponseRequest) -> None:
     if req.background and req.store is False:
         raise InvalidRequest(
@@ -250,27 +268,11 @@ class ResponseRunner:
         # tools earlier searches loaded: offered, and choosable, like the request's own
         load_found(offered, [history.items, req.input], engine.check_schema)
         input_items = normalize_items(req.input)
-        question = next((m.text for m in reversed(messages) if m.role == "user"), None)
         hosted = await self._hosted(
-            engine, req, owner, offered, history, input_items, counting, question
+            engine, req, owner, offered, history, input_items, messages, counting
         )
-        if hosted is not None:
-            messages += input_to_messages(
-                hosted.prompt_items,
-                prior=messages,
-                lowering=Lowering(engine.model_id, engine.vision),
-            )
         tools = offered.tools
-        policy = responses_tool_choice(req.tool_choice, tools)
-        if req.max_tool_calls is not None and req.max_tool_calls < 1:
-            raise InvalidRequest(
-                "Invalid 'max_tool_calls': expected a value >= 1.",
-                param="max_tool_calls",
-                code="integer_below_min_value",
-            )
-        policy = replace(
-            policy, parallel=req.parallel_tool_calls is not False, max_calls=req.max_tool_calls
-        )
+        policy = _tool_policy(req, tools)
         answer = responses_answer_schema(req.text.format if req.text else None, engine.check_schema)
         spec = GenerationSpec(
             messages=messages,
@@ -320,14 +322,16 @@ class ResponseRunner:
         offered: ResponseTools,
         history: History,
         input_items: list[JSON],
-        counting: bool,
-        question: str | None,
+        messages: list[ChatMessage],
+        counting: bool = False,
     ) -> HostedTools | None:
         """The server-run tools, offered beside the request's own (their calls routed to
-        their items); None when the request has none and answers no approval."""
+        their items), and the calls approved in this turn added to `messages`; None when
+        the request has none and answers no approval."""
         answers = any(i.get("type") == "mcp_approval_response" for i in input_items)
         if not offered.hosted and not answers:
             return None
+        question = next((m.text for m in reversed(messages) if m.role == "user"), None)
         hosted = await self.toolbox.plan(
             offered.hosted,
             owner=owner,
@@ -351,6 +355,8 @@ class ResponseRunner:
                 )
             offered.tools.append(tool)
             offered.routes[tool.name] = hosted.routes[tool.name]
+        lowering = Lowering(engine.model_id, engine.vision)
+        messages += input_to_messages(hosted.prompt_items, prior=messages, lowering=lowering)
         return hosted
 
     async def _fit(

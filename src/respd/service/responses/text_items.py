@@ -12,7 +12,12 @@ from typing import Any, Literal
 
 from openai.types.responses import (
     ResponseOutputMessage,
+    ResponseOutputTextAnnotationAddedEvent,
     ResponseReasoningItem,
+    ResponseReasoningSummaryPartAddedEvent,
+    ResponseReasoningSummaryPartDoneEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningSummaryTextDoneEvent,
     ResponseReasoningTextDeltaEvent,
     ResponseReasoningTextDoneEvent,
     ResponseTextDeltaEvent,
@@ -99,3 +104,48 @@ TEXT_EVENTS: dict[TextKind, tuple[str, type[BaseModel], type[BaseModel], type[Ba
     ),
 }
 ID_PREFIX: dict[TextKind, str] = {"message": "msg", "reasoning": "rs"}
+
+
+Event = tuple[type[BaseModel], dict[str, Any]]
+
+
+def summary_events(t: OpenText, summary: str) -> list[Event]:
+    """The events of a reasoning item's summary, sent whole once the reasoning is done."""
+    part = {"type": "summary_text", "text": summary}
+    where = {"item_id": t.id, "output_index": t.output_index, "summary_index": 0}
+    prefix = "response.reasoning_summary"
+    return [
+        (
+            ResponseReasoningSummaryPartAddedEvent,
+            {"type": f"{prefix}_part.added", "part": {**part, "text": ""}, **where},
+        ),
+        (
+            ResponseReasoningSummaryTextDeltaEvent,
+            {"type": f"{prefix}_text.delta", "delta": summary, **where},
+        ),
+        (
+            ResponseReasoningSummaryTextDoneEvent,
+            {"type": f"{prefix}_text.done", "text": summary, **where},
+        ),
+        (
+            ResponseReasoningSummaryPartDoneEvent,
+            {"type": f"{prefix}_part.done", "part": part, **where},
+        ),
+    ]
+
+
+def citation_events(t: OpenText) -> list[Event]:
+    """One `annotation.added` event per citation of a message's text."""
+    where = {"item_id": t.id, "output_index": t.output_index, "content_index": 0}
+    return [
+        (
+            ResponseOutputTextAnnotationAddedEvent,
+            {
+                "type": "response.output_text.annotation.added",
+                "annotation_index": i,
+                "annotation": annotation,
+                **where,
+            },
+        )
+        for i, annotation in enumerate(t.annotations)
+    ]

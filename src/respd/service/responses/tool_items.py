@@ -19,10 +19,12 @@ from openai.types.responses import (
     ResponseCustomToolCallInputDeltaEvent,
     ResponseCustomToolCallInputDoneEvent,
     ResponseFileSearchToolCall,
+    ResponseFunctionCallArgumentsDeltaEvent,
     ResponseFunctionCallArgumentsDoneEvent,
     ResponseFunctionShellToolCall,
     ResponseFunctionToolCall,
     ResponseFunctionWebSearch,
+    ResponseMcpCallArgumentsDeltaEvent,
     ResponseMcpCallArgumentsDoneEvent,
     ResponseToolSearchCall,
 )
@@ -183,6 +185,19 @@ class OpenCall:
         query = args.get("query")
         query = query if isinstance(query, str) else ""
         return {**head, "action": {"type": "search", "query": query, "queries": [query]}}
+
+    def delta_event(self, delta: str) -> tuple[type[BaseModel], dict[str, Any]] | None:
+        """The event that streams `delta` of the arguments, for the calls that stream them
+        (a function's, an MCP tool's)."""
+        kinds: dict[str, tuple[type[BaseModel], str]] = {
+            "function": (ResponseFunctionCallArgumentsDeltaEvent, "function_call_arguments"),
+            "mcp": (ResponseMcpCallArgumentsDeltaEvent, "mcp_call_arguments"),
+        }
+        if self.route.kind not in kinds:
+            return None
+        cls, name = kinds[self.route.kind]
+        where = {"item_id": self.id, "output_index": self.output_index}
+        return cls, {"type": f"response.{name}.delta", **where, "delta": delta}
 
     def closing_events(self) -> list[tuple[type[BaseModel], dict[str, Any]]]:
         """The events that end the call ahead of its `output_item.done`, as (class, fields)

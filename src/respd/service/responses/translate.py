@@ -113,19 +113,7 @@ def input_to_messages(
         param = f"{prefix}[{i}]"
         kind = item.get("type", "message")
         if kind == "message":
-            if "role" not in item:
-                raise MissingParameter(f"{param}.role")
-            if "content" not in item:
-                raise MissingParameter(f"{param}.content")
-            role = _role(item["role"], f"{param}.role")
-            if item.get("phase") not in PHASES:
-                raise InvalidRequest(
-                    f"Invalid value for '{param}.phase': expected 'commentary' or "
-                    f"'final_answer', got {item['phase']!r}.",
-                    param=f"{param}.phase",
-                    code="invalid_value",
-                )
-            messages.append(lower_message(role, item["content"], f"{param}.content", low))
+            messages.append(_message(item, param, low))
         elif kind == "function_call":
             _function_call(item, param, messages)
         elif kind == "custom_tool_call":
@@ -173,6 +161,22 @@ def input_to_messages(
                 code="invalid_value",
             )
     return _attach_reasoning(messages)
+
+
+def _message(item: dict[str, Any], param: str, low: Lowering) -> ChatMessage:
+    if "role" not in item:
+        raise MissingParameter(f"{param}.role")
+    if "content" not in item:
+        raise MissingParameter(f"{param}.content")
+    role = _role(item["role"], f"{param}.role")
+    if item.get("phase") not in PHASES:
+        raise InvalidRequest(
+            f"Invalid value for '{param}.phase': expected 'commentary' or "
+            f"'final_answer', got {item['phase']!r}.",
+            param=f"{param}.phase",
+            code="invalid_value",
+        )
+    return lower_message(role, item["content"], f"{param}.content", low)
 
 
 def _required_str(item: dict[str, Any], key: str, param: str) -> str:

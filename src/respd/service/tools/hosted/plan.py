@@ -221,6 +221,10 @@ class HostedToolbox:
     # outcome (`completed`, `failed`), for /metrics
     calls: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
 
+    def tool_types(self) -> list[str]:
+        """The hosted tool types this server runs (`web_search` only with a backend)."""
+        return ["mcp", "file_search", *(["web_search"] if self.backend is not None else [])]
+
     def count(self, tool: str, outcome: str) -> None:
         self.calls[(tool, outcome)] += 1
 
