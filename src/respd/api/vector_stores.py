@@ -138,15 +138,7 @@ async def list_vector_store_files(
     after: str | None = None,
     before: str | None = None,
 ) -> JSONObject:
-    return await _service(request).list_files(
-        owner_of(request),
-        store_id,
-        status=request.query_params.get("filter"),
-        limit=limit,
-        order=order,
-        after=after,
-        before=before,
-    )
+    return await _file_page(request, store_id, None, limit, order, after, before)
 
 
 @_route("get", FILE)
@@ -205,6 +197,18 @@ async def list_file_batch_files(
     after: str | None = None,
     before: str | None = None,
 ) -> JSONObject:
+    return await _file_page(request, store_id, batch_id, limit, order, after, before)
+
+async def _file_page(
+    request: Request,
+    store_id: str,
+    batch_id: str | None,
+    limit: int | None,
+    order: str,
+    after: str | None,
+    before: str | None,
+) -> JSONObject:
+    """A page of a store's files (of one batch's, with `batch_id`), `filter` by status."""
     return await _service(request).list_files(
         owner_of(request),
         store_id,

@@ -22,7 +22,7 @@ from respd.engines.fake import FakeEngine, Reply
 from respd.service.tools.hosted.settings import HostedToolSettings
 from respd.store import MemoryStore, Store
 from respd.store.sqlite import SqliteStore
-from tests.support.fake import FAKE_MODEL
+from tests.support.fake import FAKE_MODEL, streamed
 from tests.support.mcp_server import McpTestServer, mcp_server
 from tests.support.sdk_types import EVENT_ADAPTER, strict_response
 from tests.support.uvicorn_server import serving
@@ -45,6 +45,15 @@ def _tool(server: McpTestServer, **fields: Any) -> dict[str, Any]:
     return {"type": "mcp", "server_label": "lab", "server_url": server.url, **fields}
 
 
+async def _answer(
+    http: httpx.AsyncClient, first: dict[str, Any], item: dict[str, Any], tools: list[Any]
+) -> dict[str, Any]:
+    """The next turn after `first`, its input one item (an approval's answer)."""
+    body = {"model": FAKE_MODEL, "previous_response_id": first["id"], "input": [item]}
+    r = await http.post("/v1/responses", json={**body, "tools": tools})
+    return dict(r.json())
+
+
 def _read(call: Any) -> str:
     return "\n".join(m.text for m in call.prompt.request.messages)
 
@@ -63,18 +72,6 @@ async def _client(
         yield http
 
 
-async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
-    events = []
-    async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line[6:])
-                EVENT_ADAPTER.validate_python(event)
-                events.append(event)
-    return events
-
-
 async def test_a_forced_mcp_call_runs_and_the_model_reads_its_output(
     server: McpTestServer,
 ) -> None:
@@ -88,7 +85,7 @@ async def test_a_forced_mcp_call_runs_and_the_model_reads_its_output(
             "tools": [_tool(server, require_approval="never")],
             "tool_choice": {"type": "mcp", "server_label": "lab", "name": "add"},
         }
-        events = await _stream(http, body)
+        events = await streamed(http, body)
     types = [e["type"] for e in events]
     for expected in (
         "response.mcp_list_tools.in_progress",
@@ -136,19 +133,9 @@ async def test_approval_then_the_call_runs_in_the_next_turn_without_listing_agai
             "approval_request_id": request["id"],
             "approve": True,
         }
-        second = (
-            await http.post(
-                "/v1/responses",
-                json={
-                    "model": FAKE_MODEL,
-                    "previous_response_id": first["id"],
-                    "input": [approval],
-                    "tools": tools,
-                },
-            )
-        ).json()
+        second = await _answer(http, first, approval, tools)
     strict_response(second)
-    call, _answer = second["output"]  # no second listing: the chain holds one
+    call, _message = second["output"]  # no second listing: the chain holds one
     assert call["type"] == "mcp_call" and call["approval_request_id"] == request["id"]
     assert call["status"] == "completed" and "7491" in call["output"]
     assert "7491" in _read(engine.calls[1])
@@ -172,17 +159,7 @@ async def test_a_declined_call_is_not_run_and_the_model_is_told(server: McpTestS
             "approve": False,
             "reason": "not now",
         }
-        second = (
-            await http.post(
-                "/v1/responses",
-                json={
-                    "model": FAKE_MODEL,
-                    "previous_response_id": first["id"],
-                    "input": [declined],
-                    "tools": tools,
-                },
-            )
-        ).json()
+        second = await _answer(http, first, declined, tools)
     strict_response(second)
     assert [o["type"] for o in second["output"]] == ["message"]
     assert "Not run: not now." in _read(engine.calls[1])
@@ -198,7 +175,7 @@ async def test_a_failing_tool_is_a_failed_item_and_the_response_completes(
             "input": "Explode.",
             "tools": [_tool(server, require_approval="never")],
         }
-        events = await _stream(http, body)
+        events = await streamed(http, body)
     assert "response.mcp_call.failed" in [e["type"] for e in events]
     done = strict_response(events[-1]["response"])
     assert done.status == "completed"

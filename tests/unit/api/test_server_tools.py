@@ -16,8 +16,8 @@ from respd.api.app import create_app
 from respd.engines.fake import FakeEngine, Reply
 from respd.service.tools.hosted.settings import HostedToolSettings
 from respd.store import MemoryStore
-from tests.support.fake import FAKE_MODEL
-from tests.support.sdk_types import EVENT_ADAPTER, strict_response
+from tests.support.fake import FAKE_MODEL, streamed
+from tests.support.sdk_types import strict_response
 from tests.support.searxng import Page, searxng
 from tests.support.uvicorn_server import serving
 
@@ -46,18 +46,6 @@ def _app(engine: FakeEngine, backend: str | None, **settings: Any) -> httpx.Asyn
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
 
 
-async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> list[dict[str, Any]]:
-    events = []
-    async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        assert r.status_code == 200
-        async for line in r.aiter_lines():
-            if line.startswith("data: "):
-                event = json.loads(line[6:])
-                EVENT_ADAPTER.validate_python(event)
-                events.append(event)
-    return events
-
-
 async def test_a_web_search_runs_and_the_model_answers_in_the_same_response() -> None:
     engine = FakeEngine(
         [Reply([_call("web_search", {"query": "otter sleep"})]), "Sea otters hold hands."],
@@ -71,7 +59,7 @@ async def test_a_web_search_runs_and_the_model_answers_in_the_same_response() ->
                 "tools": [{"type": "web_search"}],
                 "include": ["web_search_call.action.sources"],
             }
-            events = await _stream(http, body)
+            events = await streamed(http, body)
             metrics = (await http.get("/metrics")).text
             models = (await http.get("/v1/models")).json()["data"]
     assert models[0]["server_tools"] == ["mcp", "file_search", "web_search"]
@@ -215,7 +203,7 @@ async def test_a_file_search_runs_over_the_vector_store_and_the_answer_cites_the
         )
         tool = {"type": "file_search", "vector_store_ids": [store], "max_num_results": 2}
         base = {"model": FAKE_MODEL, "input": "Who stirs?", "tools": [tool]}
-        events = await _stream(http, {**base, "include": ["file_search_call.results"]})
+        events = await streamed(http, {**base, "include": ["file_search_call.results"]})
         missing = await http.post(
             "/v1/responses",
             json={**base, "tools": [{**tool, "vector_store_ids": ["vs_nope"]}]},
