@@ -281,3 +281,28 @@ def test_the_websocket_mode_runs_server_calls_in_its_responses(server: McpTestSe
     assert done.status == "completed"
     assert [o.type for o in done.output] == ["mcp_list_tools", "mcp_call", "message"]
     assert "response.mcp_call.completed" in [e["type"] for e in events]
+
+
+@pytest.mark.waits
+async def test_a_client_that_hangs_up_stops_the_running_call(server: McpTestServer) -> None:
+    """Closing the stream mid-call cancels the call: it never finishes (a call left running
+    would fail at its 1 s limit and be counted), and the server answers the next request."""
+    engine = FakeEngine(
+        [Reply([_call("lab__sleep", {"seconds": 30})]), "Next answer."], model_id=FAKE_MODEL
+    )
+    hosted = HostedToolSettings(timeout_secs=1, mcp_allowed_hosts=frozenset({"127.0.0.1"}))
+    app = create_app(engine, MemoryStore(), hosted_tools=hosted)
+    tools = [_tool(server, require_approval="never")]
+    async with (
+        serving(app) as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
+    ):
+        body = {"model": FAKE_MODEL, "input": "Sleep", "tools": tools, "stream": True}
+        async with http.stream("POST", "/v1/responses", json=body) as r:
+            async for line in r.aiter_lines():
+                if "response.mcp_call.in_progress" in line:
+                    break  # the call is running: hang up
+        await asyncio.sleep(1.5)
+        assert ("mcp", "failed") not in app.state.toolbox.calls
+        after = await http.post("/v1/responses", json={"model": FAKE_MODEL, "input": "Hi"})
+    assert after.status_code == 200 and after.json()["output"][0]["content"][0]["text"]
