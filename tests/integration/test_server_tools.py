@@ -19,6 +19,7 @@ import pytest
 
 from tests.integration.conftest import SHARED_CAP
 from tests.support.mcp_server import McpTestServer, mcp_server
+from tests.support.pg import fresh_schema
 from tests.support.sdk_types import strict_event, strict_response
 from tests.support.searxng import Page, SearxNG, searxng
 from tests.support.servers import MODEL_ID, RespdServer, start_server
@@ -240,9 +241,24 @@ def _indexed_store(client: openai.OpenAI) -> tuple[str, dict[str, str]]:
     return store.id, ids
 
 
+@pytest.fixture(scope="module")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
+    """A server on PostgreSQL, for file search over a store kept there."""
+    with fresh_schema() as dsn:
+        srv = start_server(
+            tmp_path_factory.mktemp("respd-tools-pg"), "--store", dsn, *SHARED_CAP, preset="small"
+        )
+        yield srv
+        srv.stop()
+        srv.assert_no_5xx()
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgresql"])
 def test_a_forced_file_search_runs_over_the_store_and_the_answer_cites_the_file(
-    tclient: openai.OpenAI,
+    request: pytest.FixtureRequest, store_kind: str
 ) -> None:
+    fixture = "tools_server" if store_kind == "sqlite" else "pg_server"
+    tclient = request.getfixturevalue(fixture).client()
     store, ids = _indexed_store(tclient)
     types, done = _stream(
         tclient,
