@@ -6,7 +6,7 @@ and every event are still validated by the SDK's own types."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # imported where used: xdist's controller process loads this 
     from fastapi import FastAPI
 
     from respd.engines.fake import FakeEngine
+    from tests.support.mcp_server import McpTestServer
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under `-p no:xdist`
@@ -77,3 +78,13 @@ def sdk(http: httpx.AsyncClient) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(
         base_url="http://respd.test/v1", api_key="sk-test", http_client=http, max_retries=0
     )
+
+
+@pytest.fixture(scope="session")
+def mcp_test_server() -> Iterator[McpTestServer]:
+    """The `mcp` SDK's own server on 127.0.0.1 (a subprocess), one per worker: starting one
+    costs more than most tests that use it."""
+    from tests.support.mcp_server import mcp_server
+
+    with mcp_server() as running:
+        yield running

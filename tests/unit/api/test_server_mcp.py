@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from respd.service.tools.hosted.settings import HostedToolSettings
 from respd.store import MemoryStore, Store
 from respd.store.sqlite import SqliteStore
 from tests.support.fake import FAKE_MODEL, streamed
-from tests.support.mcp_server import McpTestServer, mcp_server
+from tests.support.mcp_server import McpTestServer
 from tests.support.sdk_types import EVENT_ADAPTER, strict_response
 from tests.support.uvicorn_server import serving
 
@@ -31,10 +31,9 @@ SECRET_HEADER = "hdr-5f1e-secret"
 SECRET_TOKEN = "tok-9a7c-secret"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[McpTestServer]:
-    with mcp_server() as running:
-        yield running
+@pytest.fixture
+def server(mcp_test_server: McpTestServer) -> McpTestServer:
+    return mcp_test_server
 
 
 def _call(name: str, arguments: dict[str, Any]) -> str:

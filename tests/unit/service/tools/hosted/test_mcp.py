@@ -10,7 +10,6 @@ import gc
 import logging
 import time
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import httpcore2
@@ -20,17 +19,16 @@ from respd.protocol.errors import InvalidRequest, MissingParameter, Unsupported
 from respd.service.tools.hosted import mcp
 from respd.service.tools.hosted.mcp import McpFailure, McpServer, McpTool, call_tool, list_tools
 from respd.service.tools.hosted.settings import HostedToolSettings
-from tests.support.mcp_server import McpTestServer, mcp_server
+from tests.support.mcp_server import McpTestServer
 
 LOCAL = HostedToolSettings(timeout_secs=5.0, mcp_allowed_hosts=frozenset({"127.0.0.1"}))
 SECRET_HEADER = "header-secret-4242"
 SECRET_TOKEN = "token-secret-9898"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[McpTestServer]:
-    with mcp_server() as running:
-        yield running
+@pytest.fixture
+def server(mcp_test_server: McpTestServer) -> McpTestServer:
+    return mcp_test_server
 
 
 @pytest.fixture(params=["streamable", "sse"])
