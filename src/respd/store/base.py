@@ -312,6 +312,16 @@ class Store(Protocol):
         """(chunk id, float32 embedding) of every embedded chunk of these files."""
         ...
 
+    async def nearest_chunks(
+        self, keys: list[str], vector: list[float], limit: int
+    ) -> list[int] | None:
+        """The ids of the `limit` embedded chunks of these files most similar to `vector`
+        (cosine), best first, ties by id, chunks of another width skipped: the service's
+        numpy ranking of `chunk_vectors` (up to the float32 rounding of near-equal scores),
+        done in the database. None when this store cannot rank there, and the caller ranks
+        `chunk_vectors` itself."""
+        ...
+
     async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]: ...
 
     # -- housekeeping -------------------------------------------------------------------------

@@ -435,6 +435,7 @@ class SqliteStore(SqliteVectors):
     async def close(self) -> None:
         def close() -> None:
             with self._lock:
+                self._close_vectors()
                 self._conn.close()
 
         await asyncio.to_thread(close)

@@ -4,13 +4,16 @@ cascades, full-text ranking, vectors, batches, expiry and the storage they count
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from respd.service.vector_stores.fusion import cosine_ranking, pack
 from respd.store.base import Store
 from respd.store.vectors.records import (
     Chunk,
@@ -229,3 +232,44 @@ def test_vector_stores_survive_reopening(stores: Stores) -> None:
 
     run(stores.make(), write)
     run(stores.make(), read)
+
+
+def _vectors(rng: random.Random, width: int, count: int) -> list[list[float]]:
+    """Random vectors whose dot products and squared norms float32 holds exactly (quarter
+    steps of at most 25), so that a tie is a tie to both rankings, whatever order each sums
+    in."""
+    return [[rng.randint(-100, 100) / 4 for _ in range(width)] for _ in range(count)]
+
+
+def test_nearest_chunks_ranks_as_the_numpy_scan_or_declines(stores: Stores) -> None:
+    rng = random.Random(7)
+    widths = (3, 8, 16)
+
+    async def body(store: Store) -> None:
+        files = [vf("vs_1", "file-a"), vf("vs_1", "file-b"), vf("vs_2", "file-c")]
+        await store.put_vector_store(vs("vs_1"), files[:2])
+        await store.put_vector_store(vs("vs_2"), files[2:])
+        for n, record in enumerate(files):
+            vectors = [v for w in widths for v in _vectors(rng, w, 20)]
+            # Ties: the same vector twice, a vector and its double, zero vectors (scored 0).
+            vectors += [vectors[n], vectors[n], [2 * x for x in vectors[20 + n]], [0.0] * 8]
+            rng.shuffle(vectors)
+            chunks = [Chunk(f"c{i}", pack(v)) for i, v in enumerate(vectors)] + [Chunk("none")]
+            await store.finish_vector_file(record, chunks)
+        keys = [file_key("vs_1", "file-a"), file_key("vs_2", "file-c")]  # not file-b
+        rows = await store.chunk_vectors(keys)
+        queries = [q for w in (*widths, 5) for q in _vectors(rng, w, 4)] + [[0.0] * 8, []]
+        queries += [[float(x) for x in np.frombuffer(blob, "<f4")] for _, blob in rows[:3]]
+        agreed = 0
+        for query in queries:
+            for limit in (1, 7, 200):
+                got = await store.nearest_chunks(keys, query, limit)
+                if stores.kind != "sqlite":
+                    assert got is None  # ranked by the service, in numpy
+                    continue
+                assert got == cosine_ranking(rows, query, limit), (query, limit)
+                agreed += bool(got)
+        assert stores.kind != "sqlite" or agreed == 3 * (len(queries) - 6)
+        assert await store.nearest_chunks([], [1.0, 2.0, 3.0], 5) in ([], None)
+
+    run(stores.make(), body)

@@ -255,6 +255,11 @@ class MemoryVectors:
     async def chunk_vectors(self, keys: list[str]) -> list[tuple[int, bytes]]:
         return [(c.id, c.embedding) for c in self._chunks_of(keys) if c.embedding is not None]
 
+    async def nearest_chunks(
+        self, keys: list[str], vector: list[float], limit: int
+    ) -> list[int] | None:
+        return None  # the vectors are in this process already: the service ranks them
+
     async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]:
         wanted = set(ids)
         return [

@@ -205,6 +205,11 @@ class PostgresVectors:
             rows = await (await conn.execute(_VECTORS, _keyed(keys))).fetchall()
         return [(r["id"], bytes(r["embedding"])) for r in rows]
 
+    async def nearest_chunks(
+        self, keys: list[str], vector: list[float], limit: int
+    ) -> list[int] | None:
+        return None  # pgvector is not assumed installed: the service scans `chunk_vectors`
+
     async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]:
         if not ids:
             return []

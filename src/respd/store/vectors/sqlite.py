@@ -1,19 +1,25 @@
 """The vector store methods of `SqliteStore`: rows in plain tables, chunk text in an FTS5
 table (porter stemming over unicode61 words) ranked by its built-in BM25, vectors as
-float32 BLOBs read back for an exact cosine scan by the service.
+float32 BLOBs ranked by sqlite-vec's exact cosine distance in SQL (`nearest.py`), or read
+back for the service's numpy scan where sqlite-vec cannot be loaded.
 
-The stdlib `sqlite3` module here cannot load extensions (no `enable_load_extension`), so
-sqlite-vec is out of reach; an exact scan over the searched stores' vectors is what it
-would do for stores of this size anyway."""
+sqlite-vec's own `vec0` tables scan exactly too; ranking the BLOBs where they lie keeps one
+copy of each vector and spares reading every one of them into Python per search."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
+
 from respd.store.sql import PURGE_BATCH
+from respd.store.vectors.nearest import VectorReader
 from respd.store.vectors.records import (
     COMPLETED,
     FAILED,
@@ -51,6 +57,14 @@ _LEXICAL = (
 )
 _VECTORS = (
     f"SELECT c.id, c.embedding FROM vector_chunks c WHERE c.embedding IS NOT NULL AND {_KEYED}"
+)
+# Ranks the rows `_VECTORS` reads, of the query's width only, as the service's numpy scan
+# does: best first, ties by id. sqlite-vec answers NULL for a zero vector, which the scan
+# scores 0 (a distance of 1).
+_NEAREST = (
+    "SELECT c.id FROM vector_chunks c WHERE c.embedding IS NOT NULL "
+    f"AND length(c.embedding) = ? AND {_KEYED} "
+    "ORDER BY coalesce(vec_distance_cosine(c.embedding, ?), 1.0), c.id LIMIT ?"
 )
 _BY_ID = (
     "SELECT id, vector_store_id, file_id, text FROM vector_chunks "
@@ -93,9 +107,15 @@ def _add_files(
 
 
 class SqliteVectors:
-    """Mixed into `SqliteStore`, whose `_run` and `clock` these use."""
+    """Mixed into `SqliteStore`, whose `_run`, `clock`, `path` and `_lock` these use."""
 
     clock: Callable[[], float]
+    path: Path
+    _lock: threading.Lock
+    # The sqlite-vec connection, opened on the first vector search; `_vectors_off` once it
+    # failed to open (warned once) or the store closed.
+    _vector_reader: VectorReader | None = None
+    _vectors_off: bool = False
 
     async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         raise NotImplementedError
@@ -248,6 +268,50 @@ class SqliteVectors:
             return [(r[0], bytes(r[1])) for r in conn.execute(_VECTORS, _keyed(keys))]
 
         return await self._run(read) if keys else []
+
+    def _reader(self) -> VectorReader | None:
+        """The sqlite-vec connection, opened on first use; the caller holds `_lock`."""
+        if self._vector_reader is None and not self._vectors_off:
+            self._vector_reader = VectorReader.open(self.path)
+            self._vectors_off = self._vector_reader is None
+        return self._vector_reader
+
+    async def nearest_chunks(
+        self, keys: list[str], vector: list[float], limit: int
+    ) -> list[int] | None:
+        query = np.asarray(vector, dtype="<f4")
+        # A zero query matches nothing, as in the numpy scan.
+        empty = limit <= 0 or not keys or float(np.linalg.norm(query)) == 0
+        params = (4 * query.shape[0], *_keyed(keys), query.tobytes(), limit)
+
+        # Under the main connection's lock: the two copies of SQLite do not see each
+        # other's locks (see nearest.py), so a read must never overlap a write.
+        def read() -> list[int] | None:
+            with self._lock:
+                reader = self._reader()
+                if reader is None:
+                    return None
+                return [] if empty else reader.ids(_NEAREST, params)
+
+        return await asyncio.to_thread(read)
+
+    async def sqlite_vec_version(self) -> str | None:
+        """sqlite-vec's version as its loaded extension reports it; None when vectors are
+        ranked in numpy instead."""
+
+        def read() -> str | None:
+            with self._lock:
+                reader = self._reader()
+                return None if reader is None else reader.version
+
+        return await asyncio.to_thread(read)
+
+    def _close_vectors(self) -> None:
+        """Close the sqlite-vec connection (before the main one: the main connection's
+        close may checkpoint and remove the WAL); the caller holds `_lock`."""
+        reader, self._vector_reader, self._vectors_off = self._vector_reader, None, True
+        if reader is not None:
+            reader.close()
 
     async def chunks_by_id(self, ids: list[int]) -> list[ChunkHit]:
         def read(conn: sqlite3.Connection) -> list[ChunkHit]:
