@@ -1,6 +1,7 @@
 """Hybrid search over the chunks of chosen files: per query string, the store's full-text
 ranking (FTS5 BM25, PostgreSQL `ts_rank_cd`, or BM25 in Python) and, with an embedding
-model, an exact cosine ranking; all fused by reciprocal rank fusion."""
+model, an exact cosine ranking (in the database where the store can, else in numpy); all
+fused by reciprocal rank fusion."""
 
 from __future__ import annotations
 
@@ -35,6 +36,26 @@ async def _query_vectors(embedder: Embedder, queries: list[str]) -> list[list[fl
         return []
 
 
+async def _vector_rankings(
+    store: Store, keys: list[str], vectors: list[list[float]], limit: int
+) -> list[list[int]]:
+    """One cosine ranking per query vector: the store's own when it can rank in the
+    database, else numpy's over the files' vectors, read once for all the vectors. A ranking
+    that finds nothing (no chunk of the query's width) is left out, so that it does not
+    halve the scores of what the words found."""
+    rankings: list[list[int]] = []
+    rows: list[tuple[int, bytes]] | None = None
+    for vector in vectors:
+        ranking = await store.nearest_chunks(keys, vector, limit)
+        if ranking is None:
+            if rows is None:
+                rows = await store.chunk_vectors(keys)
+            ranking = await asyncio.to_thread(cosine_ranking, rows, vector, limit) if rows else []
+        if ranking:
+            rankings.append(ranking)
+    return rankings
+
+
 async def hybrid_search(
     store: Store,
     embedder: Embedder | None,
@@ -54,11 +75,8 @@ async def hybrid_search(
         found.update((h.chunk_id, h) for h in hits)
         rankings.append([h.chunk_id for h in hits])
     if embedder is not None:
-        rows = await store.chunk_vectors(keys)
-        if rows:
-            for vector in await _query_vectors(embedder, queries):
-                ranking = await asyncio.to_thread(cosine_ranking, rows, vector, candidates)
-                rankings.append(ranking)
+        vectors = await _query_vectors(embedder, queries)
+        rankings.extend(await _vector_rankings(store, keys, vectors, candidates))
     scores = fuse(rankings)
     best = sorted(scores, key=lambda chunk_id: (-scores[chunk_id], chunk_id))[:limit]
     missing = [chunk_id for chunk_id in best if chunk_id not in found]
