@@ -199,6 +199,7 @@ async def list_file_batch_files(
 ) -> JSONObject:
     return await _file_page(request, store_id, batch_id, limit, order, after, before)
 
+
 async def _file_page(
     request: Request,
     store_id: str,
