@@ -131,3 +131,22 @@ def test_poll_becomes_the_openmp_wait_policy(monkeypatch: pytest.MonkeyPatch) ->
     assert os.environ["GOMP_SPINCOUNT"] == "30000"
     monkeypatch.setenv("RESPD_POLL", "20")
     assert Settings().poll == 20
+
+
+def test_the_web_search_backend_is_checked_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend that cannot work is a startup error naming the flag, not a traceback."""
+    from pydantic import ValidationError
+
+    from respd.config import tools
+
+    assert (
+        Settings(web_search_backend="searxng:http://127.0.0.1:8888")
+        .hosted_tools()
+        .web_search_backend
+    )
+    for bad in ("bing", "searxng:", "searxng:ftp://x"):
+        with pytest.raises(ValidationError, match="web_search_backend"):
+            Settings(web_search_backend=bad)
+    monkeypatch.setattr(tools.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValidationError, match=r"respd\[web\]"):
+        Settings(web_search_backend="ddgs")

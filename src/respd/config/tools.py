@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -36,6 +37,8 @@ class ToolsConfig(BaseModel):
     @field_validator("web_search_backend")
     @classmethod
     def _known_backend(cls, value: str | None) -> str | None:
+        if value == "ddgs" and importlib.util.find_spec("ddgs") is None:
+            raise ValueError("'ddgs' needs the ddgs library: pip install 'respd[web]'")
         if value is None or value == "ddgs":
             return value
         kind, _, url = value.partition(":")

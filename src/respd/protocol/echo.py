@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import types
+import urllib.parse
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -38,7 +39,7 @@ def echo_tools(tools: list[Any] | None) -> list[Any]:
     """The tools as sent, completed where the Response's types require a field a client
     may leave out: a function's `strict` (OpenAI echoes its default, true) and a
     namespace's `description` (Codex sends namespaces without one). An `mcp` tool loses
-    its `headers` and `authorization`."""
+    its `headers`, `authorization` and any credentials in its `server_url`."""
     out = []
     for tool in tools or []:
         if isinstance(tool, dict):
@@ -51,8 +52,18 @@ def echo_tools(tools: list[Any] | None) -> list[Any]:
                 tool = {k: v for k, v in tool.items() if k != "authorization"}
                 if tool.get("headers") is not None:
                     tool["headers"] = None
+                if isinstance(tool.get("server_url"), str):
+                    tool["server_url"] = _without_userinfo(tool["server_url"])
         out.append(tool)
     return out
+
+
+def _without_userinfo(url: str) -> str:
+    """`url` without the `user:password@` a client may have put in it."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def request_echo(req: Any) -> dict[str, Any]:

@@ -207,6 +207,8 @@ async def test_credentials_are_neither_echoed_nor_stored(
         headers={"X-Test-Header": SECRET_HEADER},
         authorization=SECRET_TOKEN,
     )
+    # credentials in the URL itself are the server's too: used, never echoed
+    tool["server_url"] = tool["server_url"].replace("http://", f"http://user:{SECRET_TOKEN}x@")
     async for http in _client(engine, SqliteStore(path)):
         r = await http.post(
             "/v1/responses", json={"model": FAKE_MODEL, "input": "1+2", "tools": [tool]}

@@ -109,7 +109,7 @@ class McpServer:
     """One `mcp` entry of a request's `tools`, validated."""
 
     label: str
-    url: str
+    url: str = field(repr=False)  # may carry credentials (`user:pass@`)
     headers: dict[str, str] = field(repr=False)
     authorization: str | None = field(repr=False)
     allowed_tools: Any  # None | list[str] | {"tool_names": [...], "read_only": bool}
