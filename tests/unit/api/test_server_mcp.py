@@ -307,3 +307,42 @@ async def test_a_client_that_hangs_up_stops_the_running_call(server: McpTestServ
         assert ("mcp", "failed") not in app.state.toolbox.calls
         after = await http.post("/v1/responses", json={"model": FAKE_MODEL, "input": "Hi"})
     assert after.status_code == 200 and after.json()["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.waits
+async def test_a_shutdown_stops_a_running_call_as_it_stops_generation(
+    server: McpTestServer,
+) -> None:
+    """Draining waits its grace for a running call, then cancels it: the response ends
+    `incomplete` with the call's item incomplete, long before the call's own limit."""
+    engine = FakeEngine([Reply([_call("lab__sleep", {"seconds": 30})])], model_id=FAKE_MODEL)
+    hosted = HostedToolSettings(timeout_secs=20, mcp_allowed_hosts=frozenset({"127.0.0.1"}))
+    app = create_app(engine, MemoryStore(), hosted_tools=hosted)
+    body = {
+        "model": FAKE_MODEL,
+        "input": "Sleep",
+        "tools": [_tool(server, require_approval="never")],
+    }
+    async with (
+        serving(app) as port,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
+    ):
+        events: list[dict[str, Any]] = []
+        drained: list[int] = []
+
+        async def read() -> None:
+            async with http.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(json.loads(line[6:]))
+                        if events[-1]["type"] == "response.mcp_call.in_progress":
+                            drained.append(await app.state.runs.drain(0.2))
+
+        started = time.monotonic()
+        await asyncio.wait_for(read(), 10)
+    assert time.monotonic() - started < 8  # not the call's 20 s limit
+    assert drained == [1]  # the call was the one thing left to stop
+    done = strict_response(events[-1]["response"])
+    assert done.status == "incomplete"
+    call = next(o for o in done.output if o.type == "mcp_call")
+    assert call.status == "incomplete"

@@ -246,6 +246,8 @@ class ActiveRuns:
         output: OutputPolicy | None = None,
     ) -> None:
         self._runs: set[Run] = set()
+        # tool calls the server runs between passes of a response: busy like a run
+        self._calls: set[asyncio.Future[Any]] = set()
         self.gate = gate  # shares the engines' slots fairly between identities
         self._idle = asyncio.Event()
         self._idle.set()
@@ -264,7 +266,18 @@ class ActiveRuns:
 
     def discard(self, run: Run) -> None:
         self._runs.discard(run)
-        if not self._runs:
+        if not self._runs and not self._calls:
+            self._idle.set()
+
+    def track(self, call: asyncio.Future[Any]) -> None:
+        """A server-run tool call: a shutdown waits for it as for a run, then cancels it."""
+        self._calls.add(call)
+        self._idle.clear()
+        call.add_done_callback(self._untrack)
+
+    def _untrack(self, call: asyncio.Future[Any]) -> None:
+        self._calls.discard(call)
+        if not self._runs and not self._calls:
             self._idle.set()
 
     async def drain(self, grace: float, *, settle: float = 10.0) -> int:
@@ -277,9 +290,12 @@ class ActiveRuns:
         left = list(self._runs)
         for run in left:
             run.interrupt()
+        calls = list(self._calls)
+        for call in calls:
+            call.cancel()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), settle)
-        return len(left)
+        return len(left) + len(calls)
 
 
 def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:

@@ -15,8 +15,9 @@ that hangs up, a cancel, shutdown) stops a running call as it stops generation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Coroutine
 from contextlib import aclosing
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,6 +34,7 @@ from respd.service.media.lowering import Lowering
 from respd.service.responses.events import ResponseEventMachine
 from respd.service.responses.translate import input_to_messages
 from respd.service.tools.definitions import ToolRoute, responses_tools
+from respd.service.tools.hosted.base import Outcome
 from respd.service.tools.hosted.plan import HostedTools
 from respd.service.tools.tool_search import (
     MAX_SEARCHES,
@@ -154,6 +156,25 @@ class ToolLoop:
         return core.run(await core.prepare(self.engine, spec), self.runs)
 
 
+class _Interrupted(Exception):
+    """A shutdown stopped a running tool call (not this response's own cancellation)."""
+
+
+async def _tracked(runs: ActiveRuns | None, work: Coroutine[Any, Any, Outcome]) -> Outcome:
+    """`work` as a task a shutdown waits for, then cancels, as it does generation."""
+    task = asyncio.ensure_future(work)
+    if runs is None:
+        return await task
+    runs.track(task)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if task.cancelled() and current is not None and not current.cancelling():
+            raise _Interrupted from None
+        raise
+
+
 async def _run_calls(
     machine: ResponseEventMachine, loop: ToolLoop, made: int
 ) -> AsyncGenerator[ResponseStreamEvent, None]:
@@ -167,7 +188,7 @@ async def _run_calls(
         for event in machine.run_started(call.output_index):
             yield event
         # still pending while it runs: a cancel or failure meanwhile closes it incomplete
-        outcome = await hosted.run(call.route, call.arguments)
+        outcome = await _tracked(loop.runs, hosted.run(call.route, call.arguments))
         machine.pending.remove(call)
         loop.results[call.id] = outcome.text
         for event in machine.run_finished(call.output_index, outcome):
@@ -216,9 +237,14 @@ async def tool_loop_events(
                 yield event
             return
         calls = len(machine.pending)
-        async with aclosing(_run_calls(machine, loop, made)) as running:
-            async for event in running:
+        try:
+            async with aclosing(_run_calls(machine, loop, made)) as running:
+                async for event in running:
+                    yield event
+        except _Interrupted:  # the server is shutting down: as an interrupted generation
+            for event in machine.finish(usage=total, incomplete=True):
                 yield event
+            return
         made += calls
         searches = loop.searches(machine.output[mark:])
         for call in searches:
