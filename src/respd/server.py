@@ -8,10 +8,9 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-import httpx
 import uvicorn
 from rich.console import Console
 
@@ -21,12 +20,14 @@ from respd.config import Settings
 from respd.engines.base import Engine
 from respd.engines.embedding import Embedder
 from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
+from respd.engines.routing import RoutedEngine
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
 from respd.service.models import ModelRegistry
 from respd.store import Store, StoreConfigError
+from respd.upstreams import Upstreams, UpstreamsError, loop_caller
 
 # The web stack (FastAPI, pydantic models, the openai SDK's types: some 40 MiB) is imported
 # only once the model is loaded. llama.cpp clears its whole KV buffer when it creates the
@@ -91,62 +92,31 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def connect_upstream(spec: UpstreamSpec, settings: Settings, console: Console) -> UpstreamEngine:
-    """An engine for one upstream, after asking it for its models (an upstream that does
-    not answer stops start-up with the reason)."""
-    headers = {"authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
-    try:
-        models = httpx.get(spec.url.rstrip("/") + "/models", headers=headers, timeout=10)
-        models.raise_for_status()
-        listed = [m["id"] for m in models.json().get("data", [])]
-    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-        raise SystemExit(
-            f"respd: the upstream at {spec.url} did not list its models: {exc}"
-        ) from None
-    name = spec.model or (listed[0] if listed else None)
-    if name is None:
-        raise SystemExit(f"respd: the upstream at {spec.url} lists no models; name one")
-    engine = UpstreamEngine(
-        spec.url,
-        model_id=spec.alias or name,
-        upstream_model=name,
-        api_key=spec.api_key,
-        context_window=spec.context_window or settings.ctx_size,
-        vision=spec.vision,
-        forces_tools=spec.forces_tools,
-        enforces_schemas=spec.enforces_schemas,
-        max_concurrency=settings.parallel + settings.max_queue,
-    )
-    console.print(f"Upstream {spec.url}: model {name} (served as {engine.model_id})")
-    return engine
-
-
-def load_engines(settings: Settings, console: Console) -> ModelRegistry:
+def load_engines(settings: Settings, console: Console) -> tuple[ModelRegistry, Upstreams]:
     """The local model (unless --engine openai) and every upstream, each under its id."""
     engines: list[Engine] = []
-    if settings.engine == "openai" and not settings.upstream_url and not settings.upstream:
-        raise SystemExit("respd: --engine openai needs --upstream-url or --upstream entries")
-    if settings.engine == "openai" and settings.upstream_url:
-        main = UpstreamSpec(
-            settings.upstream_url,
-            alias=settings.model_alias,
-            model=settings.upstream_model,
-            api_key=settings.upstream_api_key,
-            vision=settings.mmproj is not None,
+    upstreams = Upstreams(settings, console.print)
+    has_upstreams = settings.upstream or settings.upstreams_file
+    if settings.engine == "openai" and not settings.upstream_url and not has_upstreams:
+        raise SystemExit(
+            "respd: --engine openai needs --upstream-url, --upstream or --upstreams-file"
         )
-        engines.append(connect_upstream(main, settings, console))
-    elif settings.engine != "openai":
-        engines.append(load_engine(settings, console))
-    for entry in settings.upstream:
-        try:
-            spec = UpstreamSpec.parse(entry)
-        except ValueError as exc:
-            raise SystemExit(f"respd: --upstream {entry!r}: {exc}") from None
-        engines.append(connect_upstream(spec, settings, console))
-    ids = [e.model_id for e in engines]
-    if len(set(ids)) != len(ids):
-        raise SystemExit(f"respd: two engines serve the same model id: {ids}")
-    return ModelRegistry(engines)
+    try:
+        if settings.engine == "openai" and settings.upstream_url:
+            main = UpstreamSpec(
+                settings.upstream_url,
+                alias=settings.model_alias,
+                model=settings.upstream_model,
+                api_key=settings.upstream_api_key,
+                vision=settings.mmproj is not None,
+            )
+            engines.append(upstreams.engine(main))
+        elif settings.engine != "openai":
+            engines.append(load_engine(settings, console))
+        engines += upstreams.build(upstreams.specs())
+        return ModelRegistry(engines), upstreams
+    except (UpstreamsError, ValueError) as exc:
+        raise SystemExit(f"respd: {exc}") from None
 
 
 def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
@@ -222,9 +192,20 @@ def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
     sequences; an upstream's connections (it queues on its side too)."""
     from respd.service.generation.admission import AdmissionGate
 
-    upstream = settings.parallel + settings.max_queue
-    slots = {e.model_id: upstream for e in models if isinstance(e, UpstreamEngine)}
-    return AdmissionGate(settings.parallel, settings.max_queue, slots)
+    return AdmissionGate(settings.parallel, settings.max_queue, remote_slots(settings, models))
+
+
+def remote_slots(settings: Settings, engines: Iterable[Engine]) -> dict[str, int]:
+    """An upstream's slots are its connections; a routed model's, its providers'."""
+    slots: dict[str, int] = {}
+    for engine in engines:
+        if isinstance(engine, UpstreamEngine):
+            slots[engine.model_id] = engine.max_concurrency
+        elif isinstance(engine, RoutedEngine):
+            slots[engine.model_id] = sum(
+                getattr(p.engine, "max_concurrency", settings.parallel) for p in engine.providers
+            )
+    return slots
 
 
 def load_embedders(settings: Settings, models: ModelRegistry) -> list[Embedder]:
@@ -272,6 +253,7 @@ def build_app(
         embedders=embedders or (),
         file_search_embedder=settings.file_search_embedder(embedders or []),
         hosted_tools=settings.hosted_tools(),
+        ui=not settings.no_ui,
     )
 
 
@@ -288,7 +270,7 @@ def serve(settings: Settings) -> int:
             "can read and delete everything stored; set --api-key or --api-keys-file",
             settings.host,
         )
-    models = load_engines(settings, console)
+    models, upstreams = load_engines(settings, console)
     app = build_app(settings, models, store, keys, load_embedders(settings, models))
     config = uvicorn.Config(
         app,
@@ -307,9 +289,19 @@ def serve(settings: Settings) -> int:
         ),
         loop=settings.event_loop,
     )
-    server = DrainingServer(
-        config, app.state.runs, settings.shutdown_grace_secs, on_hangup=keys.reload
-    )
+    gate = app.state.runs.gate
+
+    def reread(engines: list[Engine]) -> None:
+        if gate is not None:
+            gate.per_engine.update(remote_slots(settings, engines))
+
+    def hangup() -> None:
+        """SIGHUP: the keys file and the upstreams file are read again."""
+        keys.reload()
+        if settings.upstreams_file is not None:
+            upstreams.reload(models, loop_caller(), reread)
+
+    server = DrainingServer(config, app.state.runs, settings.shutdown_grace_secs, on_hangup=hangup)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     console.print(f"Store: {settings.store_location()}")
     backend = settings.web_search_backend

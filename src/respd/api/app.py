@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from respd import __version__
-from respd.api import chat, conversations, embeddings, files, responses, websocket
+from respd.api import chat, conversations, embeddings, files, playground, responses, websocket
 from respd.api import models as model_routes
 from respd.api import vector_stores as vector_store_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
@@ -139,12 +139,14 @@ def _lifespan(
     return lifespan
 
 
-def _install_routes(app: FastAPI) -> None:
+def _install_routes(app: FastAPI, ui: bool) -> None:
     install_error_handlers(app)
     describe(app)
     for module in (responses, websocket, conversations, files, chat, embeddings, model_routes):
         add_routes(app, module.router)
     add_routes(app, vector_store_routes.router)
+    if ui:
+        add_routes(app, playground.router)
 
 
 def _install_middleware(
@@ -193,10 +195,11 @@ def create_app(
     embedders: Iterable[Embedder] = (),
     file_search_embedder: Embedder | None = None,
     hosted_tools: HostedToolSettings | None = None,
+    ui: bool = True,
 ) -> FastAPI:
     """Build the app over the models it serves (one engine, or a registry of several). The
     store is owned by the app from here on: closed at shutdown. `embedders` answer
-    `/v1/embeddings`, each for its model id."""
+    `/v1/embeddings`, each for its model id; `ui` serves the web playground at `/`."""
     if not isinstance(models, ModelRegistry):
         models = ModelRegistry([models])
     store = store if store is not None else MemoryStore()
@@ -235,7 +238,7 @@ def create_app(
     app.state.runs = runs
     app.state.toolbox = services.toolbox
     app.state.socket_limits = socket_limits or SocketLimits()
-    _install_routes(app)
+    _install_routes(app, ui)
     _install_middleware(app, keys, guard, quotas)
     install_metrics(
         app, models, store, runs, metrics_api_key, services.media.cache, services.toolbox

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from respd.api.body import parse_body
 from respd.api.identity import owner_of
+from respd.api.providers import provider_headers
 from respd.api.quotas import stream_slot
 from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
 from respd.protocol.chat import ChatCompletionRequest
@@ -33,7 +34,8 @@ async def chat_completions(request: Request) -> Response:
             return await _stream(request, service, body, release)
     prepared = await service.prepare(body, owner_of(request))
     completion = await until_disconnect(request, service.complete(prepared))
-    return JSONResponse(wire(completion))
+    answer = wire(completion)
+    return JSONResponse(answer, headers=provider_headers(answer))
 
 
 async def _stream(

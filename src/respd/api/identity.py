@@ -30,7 +30,11 @@ log = logging.getLogger(__name__)
 ANONYMOUS = "anonymous"
 # Routes that hold no one's data: a health probe and the API description. `/metrics` has
 # its own optional key.
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/metrics", "/openapi.json", "/docs", "/redoc"})
+PUBLIC_PATHS = frozenset(
+    {"/health", "/v1/health", "/metrics", "/openapi.json", "/docs", "/redoc", "/"}
+)
+# The playground's static files: the page asks for a key itself, once it has loaded.
+PUBLIC_PREFIXES = ("/playground/",)
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,9 @@ class AuthMiddleware:
         if not self.keys.enabled:
             return ANONYMOUS_IDENTITY
         if scope["type"] == "http" and (
-            scope["path"] in PUBLIC_PATHS or scope["method"] == "OPTIONS"
+            scope["path"] in PUBLIC_PATHS
+            or scope["path"].startswith(PUBLIC_PREFIXES)
+            or scope["method"] == "OPTIONS"
         ):
             return ANONYMOUS_IDENTITY  # a CORS preflight carries no credentials
         return self.keys.identify(presented_key(dict(scope.get("headers") or [])))

@@ -15,7 +15,12 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
@@ -24,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from respd.api.identity import Unauthorized, presented_key
 from respd.api.routes import add_routes
 from respd.engines.base import Detail, Engine, detail_of
+from respd.engines.routing import RoutedEngine
 from respd.service.generation.core import ActiveRuns, Api
 from respd.service.generation.output import Usage
 from respd.service.media.cache import MediaCache
@@ -118,6 +124,48 @@ class MediaCacheCollector(Collector):
         yield GaugeMetricFamily(
             "respd_media_cache_entries", "Entries the media cache holds.", value=stats.entries
         )
+
+
+class ProviderCollector(Collector):
+    """Each routed model's providers: requests, failures, fallbacks, time to first output
+    and circuit state. Read from the registry at each scrape (upstreams may be re-read)."""
+
+    def __init__(self, models: ModelRegistry) -> None:
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "provider"]
+        requests = CounterMetricFamily(
+            "respd_provider_requests",
+            "Requests sent to a routed model's provider, by outcome (succeeded, failed).",
+            labels=[*labels, "outcome"],
+        )
+        fallbacks = CounterMetricFamily(
+            "respd_provider_fallbacks",
+            "Failures of a provider after which the next provider was tried.",
+            labels=labels,
+        )
+        latency = SummaryMetricFamily(
+            "respd_provider_first_output_seconds",
+            "Seconds from sending a request to a provider to its first output.",
+            labels=labels,
+        )
+        circuit = GaugeMetricFamily(
+            "respd_provider_circuit_open",
+            "1 while a provider's circuit is open or half open (skipped or probed), else 0.",
+            labels=labels,
+        )
+        for engine in self.models:
+            if not isinstance(engine, RoutedEngine):
+                continue
+            for p in engine.providers:
+                key = [engine.model_id, p.name]
+                requests.add_metric([*key, "succeeded"], p.stats.succeeded)
+                requests.add_metric([*key, "failed"], p.stats.failed)
+                fallbacks.add_metric(key, p.stats.fallbacks)
+                latency.add_metric(key, p.stats.latency_count, p.stats.latency_sum)
+                circuit.add_metric(key, 0 if p.breaker.state == "closed" else 1)
+        yield from (requests, fallbacks, latency, circuit)
 
 
 class LoopCollector(Collector):
@@ -335,6 +383,7 @@ def install_metrics(
     metrics = Metrics(models, store, media_cache, runs)
     runs.observer = metrics
     metrics.registry.register(LoopCollector(runs))
+    metrics.registry.register(ProviderCollector(models))
     if toolbox is not None:
         metrics.registry.register(ServerToolCollector(toolbox))
     app.state.metrics = metrics

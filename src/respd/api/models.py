@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 
 from respd.engines.base import Engine
 from respd.engines.embedding import Embedder
+from respd.engines.routing import RoutedEngine
 from respd.protocol.errors import NotFound
 from respd.service.codex import codex_catalog
 from respd.service.embeddings import EmbeddingModels
@@ -38,6 +39,9 @@ def _card(request: Request, model_id: str, window: int | None, **more: Any) -> d
 
 
 def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
+    routed: dict[str, Any] = {}
+    if isinstance(engine, RoutedEngine):  # one public id over several upstreams
+        routed["providers"] = engine.provider_names()
     return _card(
         request,
         engine.model_id,
@@ -47,6 +51,7 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
         input_modalities=["text", "image"] if engine.vision else ["text"],
         # the hosted tool types this server runs for the model (web search: with a backend)
         server_tools=request.app.state.toolbox.tool_types(),
+        **routed,
     )
 
 

@@ -27,6 +27,7 @@ COUNTED_BY_SERVICE = frozenset({"/v1/responses", "/responses"})
 # Headers a browser page may read from a cross-origin answer.
 EXPOSED_HEADERS = [
     "x-request-id",
+    "x-respd-provider",
     "retry-after",
     "x-ratelimit-limit-requests",
     "x-ratelimit-remaining-requests",

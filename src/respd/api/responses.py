@@ -14,6 +14,7 @@ from openai.types.responses import ResponseStreamEvent
 
 from respd.api.body import load_json, parse_body, validate_object
 from respd.api.identity import owner_of
+from respd.api.providers import provider_headers
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
 from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
@@ -110,7 +111,7 @@ def _framed(
     request: Request, created: Answer | EventStream, release: Callable[[], None] | None = None
 ) -> Response:
     if isinstance(created, Answer):
-        return JSONResponse(created.response)
+        return JSONResponse(created.response, headers=provider_headers(created.response))
     return _sse(request, created.events, release)
 
 

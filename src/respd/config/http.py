@@ -27,6 +27,11 @@ class HttpConfig(BaseModel):
         "may call the API: they get CORS headers and preflight answers. A request from any "
         "other origin is refused with 403. Default: none.",
     )
+    no_ui: bool = Field(
+        False,
+        description="Do not serve the web playground at / (the API is unchanged; / then "
+        "answers 404).",
+    )
     sse_keepalive_secs: float = Field(
         15.0,
         ge=0.0,

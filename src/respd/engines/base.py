@@ -28,6 +28,7 @@ from respd.engines.families.profile import ModelProfile
 # too); callers know them as part of it, so they are re-exported here.
 from respd.engines.messages import ChatMessage, Image, ToolDefinition
 from respd.engines.messages import ToolCall as ToolCall
+from respd.engines.route import Route, RouteReport
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -79,6 +80,8 @@ class PromptRequest:
     reasoning_effort: str | None = None
     reserve: int = 1  # tokens kept free for the output
     truncate: bool = False  # drop the oldest turns to fit, instead of refusing
+    # The client's provider preferences, for an engine that routes across providers.
+    route: Route | None = None
 
 
 @dataclass
@@ -154,6 +157,8 @@ class GenerationDone:
     # upstream's own 4xx (its message in `error` is the client's to read), 502 when the
     # upstream failed or could not be reached, 504 when it timed out.
     status: int | None = None
+    # Which provider answered, for an engine that routes across several.
+    route: RouteReport | None = None
 
 
 @dataclass

@@ -64,6 +64,7 @@ class Reply:
     error: str | None = None
     cached_tokens: int = 0
     delay: float = 0.0  # seconds before each chunk, to let tests act mid-stream
+    status: int | None = None  # with an error: the HTTP status a remote engine would map it to
 
 
 @dataclass
@@ -255,6 +256,7 @@ class _FakeStream:
             self._produced,
             self._reply.cached_tokens,
             error=error,
+            status=self._reply.status if reason == "error" else None,
         )
         self._engine._ended(self._call, done)
         return done

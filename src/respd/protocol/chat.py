@@ -7,6 +7,7 @@ from typing import Annotated, Any, Self
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from respd.protocol.echo import check_reasoning_effort
+from respd.protocol.routing import RoutingFields
 from respd.protocol.sampling import DryFields
 
 # OpenAI's `logit_bias`: token ids (as JSON object keys) to a finite bias in [-100, 100].
@@ -19,7 +20,7 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = None
 
 
-class ChatCompletionRequest(DryFields):
+class ChatCompletionRequest(DryFields, RoutingFields):
     model_config = ConfigDict(extra="allow")
 
     model: str

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from respd.protocol.echo import check_response_echo
 from respd.protocol.errors import InvalidRequest
+from respd.protocol.routing import RoutingFields
 from respd.protocol.sampling import DryFields
 
 
@@ -50,7 +51,7 @@ class ConversationRef(_Lenient):
     id: str
 
 
-class CreateResponseRequest(_Lenient, DryFields):
+class CreateResponseRequest(_Lenient, DryFields, RoutingFields):
     model: str
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None

@@ -7,7 +7,8 @@ as `TokenChunk`s the generation core reads like any engine's (`stream.py` reads 
 usage comes from the final usage chunk. `engine.py` holds the engine and its streams.
 """
 
-from respd.engines.upstream.engine import UpstreamEngine, UpstreamSpec
+from respd.engines.upstream.engine import UpstreamEngine
+from respd.engines.upstream.spec import UpstreamSpec
 from respd.engines.upstream.stream import UpstreamError, merge_chunks, read_sse
 from respd.engines.upstream.wire import request_body, wire_message
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -153,56 +152,6 @@ class _UpstreamStream:
             stats.running -= 1
             if not finished:
                 stats.cancelled += 1
-
-
-OPTIONS = ("model", "key", "ctx", "vision", "tool_choice", "response_format")
-
-
-def _flag(value: str) -> bool:
-    return value.lower() in ("1", "true", "yes", "on")
-
-
-@dataclass(frozen=True)
-class UpstreamSpec:
-    """Where one upstream model lives and what respd calls it."""
-
-    url: str
-    alias: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    context_window: int | None = None
-    vision: bool = False
-    # What the upstream can enforce: a forced `tool_choice`, a `response_format` schema.
-    forces_tools: bool = True
-    enforces_schemas: bool = True
-
-    @classmethod
-    def parse(cls, text: str) -> UpstreamSpec:
-        """`ALIAS=URL[,model=NAME][,key=KEY][,ctx=TOKENS][,vision=true][,tool_choice=false]
-        [,response_format=false]`."""
-        head, *options = [p.strip() for p in text.split(",")]
-        alias, eq, url = head.partition("=")
-        if not eq or not alias or not url.startswith(("http://", "https://")):
-            raise ValueError("expected ALIAS=http(s)://HOST[:PORT]/v1 first")
-        fields: dict[str, str] = {}
-        for option in options:
-            key, eq, value = option.partition("=")
-            if not eq or key not in OPTIONS:
-                raise ValueError(f"unknown option {option!r} ({', '.join(OPTIONS)})")
-            fields[key] = value
-        ctx = fields.get("ctx")
-        if ctx is not None and not (ctx.isdigit() and int(ctx) > 0):
-            raise ValueError(f"ctx must be a positive number of tokens, not {ctx!r}")
-        return cls(
-            url,
-            alias=alias,
-            model=fields.get("model"),
-            api_key=fields.get("key"),
-            context_window=int(ctx) if ctx else None,
-            vision=_flag(fields.get("vision", "false")),
-            forces_tools=_flag(fields.get("tool_choice", "true")),
-            enforces_schemas=_flag(fields.get("response_format", "true")),
-        )
 
 
 class UpstreamEngine:

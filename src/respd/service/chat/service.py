@@ -13,6 +13,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from respd.engines.base import TokenLogprob, ToolCall
+from respd.engines.route import RouteReport
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import APIError, InvalidRequest, ServerError, Unsupported, UpstreamFailed
 from respd.service.chat.translate import chat_messages
@@ -28,6 +29,7 @@ from respd.service.generation.output import (
     TextDelta,
 )
 from respd.service.generation.prompt_cache import prompt_cache
+from respd.service.generation.routing import route_of
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import chat_answer_schema
 from respd.service.ids import new_id
@@ -92,6 +94,7 @@ class ChatResult:
     error: str | None = None  # the generation failed: what the client is told
     error_code: str = "server_error"
     status: int | None = None  # a remote engine's failure: the HTTP status it maps to
+    route: RouteReport | None = None  # which provider of a routed model answered
 
 
 @dataclass
@@ -204,6 +207,7 @@ class ChatService:
                 answer="response_format",
                 max_tokens="max_completion_tokens" if use_completion else "max_tokens",
             ),
+            route=route_of(req.provider),
         )
         generation = await core.prepare(engine, spec)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -270,7 +274,9 @@ class ChatService:
                 if isinstance(item, ChatResult) and item.error is not None:
                     yield chat_error(item).body()
                 elif isinstance(item, ChatResult):
-                    yield self.chunk(prepared, delta={}, finish_reason=item.finish_reason)
+                    yield self.chunk(
+                        prepared, delta={}, finish_reason=item.finish_reason, route=item.route
+                    )
                     if prepared.include_usage:
                         yield self.chunk(prepared, usage=self.usage(item))
                 elif isinstance(item, ToolCallDelta):
@@ -297,8 +303,10 @@ class ChatService:
         }
 
     def completion(self, prepared: PreparedChat, result: ChatResult) -> ChatCompletion:
+        routed = {"provider": result.route.wire()} if result.route is not None else {}
         return ChatCompletion.model_validate(
             {
+                **routed,
                 "id": prepared.id,
                 "object": "chat.completion",
                 "created": prepared.created,
@@ -324,6 +332,7 @@ class ChatService:
         finish_reason: str | None = None,
         usage: dict[str, Any] | None = None,
         logprobs: list[TokenLogprob] | None = None,
+        route: RouteReport | None = None,
     ) -> ChatCompletionChunk:
         body: dict[str, Any] = {
             "id": prepared.id,
@@ -344,6 +353,8 @@ class ChatService:
         }
         if prepared.include_usage:
             body["usage"] = usage
+        if route is not None:  # on the finish chunk: which provider answered
+            body["provider"] = route.wire()
         return ChatCompletionChunk.model_validate(body)
 
 
@@ -353,6 +364,7 @@ def _finish(result: ChatResult, finished: Finished) -> None:
     result.completion_tokens = usage.output_tokens
     result.cached_tokens = usage.cached_tokens
     result.reasoning_tokens = usage.reasoning_tokens
+    result.route = finished.route
     if finished.reason == "error" and finished.status is not None:
         # A remote engine's failure: its own refusal (4xx) is the client's to read.
         refused = finished.status < 500

@@ -35,6 +35,7 @@ from respd.engines.base import (
     ToolDefinition,
 )
 from respd.engines.constraints import ConstraintError
+from respd.engines.route import NoRoute, Route
 from respd.logs import prompts_logged
 from respd.protocol.errors import APIError, ContextLengthExceeded, InvalidRequest
 from respd.service.generation.admission import AdmissionGate
@@ -52,6 +53,7 @@ from respd.service.generation.output import (
 from respd.service.generation.plan import plan_output
 from respd.service.generation.policy import OutputPolicy
 from respd.service.generation.reader import OutputReader
+from respd.service.generation.routing import no_route_error
 from respd.service.tools.definitions import ToolPolicy
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,8 @@ class GenerationSpec:
     # "24h").
     retain: bool = False
     params: Params = field(default_factory=Params)
+    # The request's provider preferences, for a model routed across providers.
+    route: Route | None = None
 
 
 @dataclass
@@ -142,9 +146,12 @@ async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
         reasoning_effort=spec.reasoning_effort,
         reserve=reserve,
         truncate=spec.truncate,
+        route=spec.route,
     )
     try:
         prompt = await engine.prepare(request)
+    except NoRoute as exc:
+        raise no_route_error(exc) from exc
     except PromptTooLong as exc:
         if exc.truncated:
             message = (
@@ -414,6 +421,7 @@ async def _events(
             error=done.error,
             status=done.status,
             cause="repetition" if reader.looped else None,
+            route=done.route,
         )
     finally:
         progress.ended()

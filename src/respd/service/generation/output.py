@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from respd.engines.base import TokenLogprob
+from respd.engines.route import RouteReport
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Finished:
     status: int | None = None  # see `GenerationDone.status`
     # Why a `length` end came before the budget ran out: "repetition" (the output looped).
     cause: str | None = None
+    route: RouteReport | None = None  # which provider answered (a routed model)
 
 
 OutputEvent = TextDelta | ReasoningDelta | CallStarted | ArgumentsDelta | CallFinished

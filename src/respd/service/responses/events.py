@@ -31,6 +31,7 @@ from openai.types.responses import (
 from pydantic import BaseModel
 
 from respd.engines.base import TokenLogprob
+from respd.engines.route import RouteReport
 from respd.service.generation.logprobs import logprob_json
 from respd.service.generation.output import (
     ArgumentsDelta,
@@ -112,6 +113,8 @@ class ResponseEventMachine:
     generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
     # A remote engine's failure, as the HTTP status a non-streaming client gets.
     error_status: int | None = None
+    # Which provider of a routed model answered, and which failed before it.
+    route: RouteReport | None = None
     _seq: int = 0
     _text: OpenText | None = None  # the message or reasoning item being written
     _call: OpenCall | None = None
@@ -142,6 +145,8 @@ class ResponseEventMachine:
             "output": self._output_so_far(),
             "usage": usage_json(self.usage) if self.usage else None,
         }
+        if self.route is not None:
+            body["provider"] = self.route.wire()
         body.update(self.echo)
         return Response.model_validate(body)
 
@@ -517,6 +522,8 @@ class ResponseEventMachine:
 
     def end(self, finished: Finished) -> list[ResponseStreamEvent]:
         """The terminal events for how the generation ended."""
+        if finished.route is not None:
+            self.route = finished.route
         if finished.reason == "error" and finished.status is not None:
             self.error_status = finished.status
             if finished.status < 500:

@@ -21,6 +21,7 @@ from respd.service.generation.core import GenerationSpec, Params, PreparedGenera
 from respd.service.generation.logprobs import check_top_logprobs
 from respd.service.generation.output import Finished, Started
 from respd.service.generation.prompt_cache import prompt_cache
+from respd.service.generation.routing import route_of
 from respd.service.generation.sampling import build_sampling
 from respd.service.generation.structured import responses_answer_schema
 from respd.service.media.lowering import Lowering, require_effective_input
@@ -285,6 +286,7 @@ class ResponseRunner:
             cache_key=cache.key or req.user,
             retain=cache.retain,
             params=Params(),
+            route=route_of(req.provider),
         )
         fitted = await self._fit(engine, spec, req.context_management)
         generation: PreparedGeneration | None = None
