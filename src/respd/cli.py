@@ -9,7 +9,7 @@ from typing import Any, get_args, get_origin
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from respd import __version__
+from respd import __version__, providers_cli
 from respd.config import Settings
 from respd.logs import configure_logging
 
@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"respd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(sub)
+    providers_cli.add_parser(sub)
     return parser
 
 
@@ -125,3 +126,5 @@ def main(argv: list[str] | None = None) -> None:
         from respd.server import serve  # deferred: keeps `--help` fast and model-free
 
         sys.exit(serve(settings))
+    if args.command == "providers":
+        sys.exit(providers_cli.run(args))

@@ -10,78 +10,24 @@ builds it) and skip elsewhere, saying how to build it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
-from respd.config import embedded_model_path
-from respd.engines.llamacpp import cpu_advertises_amx
 from tests.support import upstream_flows as flows
+from tests.support.llama_server import llama_server
 from tests.support.sdk_types import strict_event, strict_response
-from tests.support.servers import RespdServer, free_port, start_server
+from tests.support.servers import RespdServer, start_server
 
-ENV = "RESPD_TEST_LLAMA_SERVER"
 MODEL = "smol"
-
-
-def llama_server_binary() -> Path:
-    path = os.environ.get(ENV)
-    if path:
-        return Path(path)
-    if os.environ.get("CI"):
-        pytest.fail(f"{ENV} is not set: .ci/run builds llama-server with scripts/llama-server.sh")
-    pytest.skip(f'these tests need {ENV}: export {ENV}="$(scripts/llama-server.sh)"')
 
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
-    binary = llama_server_binary()
     tmp = tmp_path_factory.mktemp("llama-server")
-    port = free_port()
-    log = (tmp / "llama-server.log").open("wb")
-    llama = subprocess.Popen(
-        [
-            str(binary),
-            "-m",
-            str(embedded_model_path()),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "-c",
-            "4096",
-            "-np",
-            "2",
-            "-t",
-            "2",
-            "--alias",
-            MODEL,
-            "--jinja",
-            "--no-webui",
-            # ggml's AMX kernels crash under some hypervisors; respd's engine decides alike.
-            "--no-repack" if cpu_advertises_amx() else "--repack",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert llama.poll() is None, (tmp / "llama-server.log").read_text()[-3000:]
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not start"
-            time.sleep(0.2)
+    with llama_server(tmp, MODEL) as port:
         # llama-server drops the tools of a template that has none (SmolLM2's), so it cannot
         # force a call: respd is told, and asks for forced calls as a schema answer.
         server = start_server(
@@ -94,9 +40,6 @@ def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
         yield server
         server.stop()
         server.assert_no_5xx()
-    finally:
-        llama.terminate()
-        llama.wait(timeout=30)
 
 
 @pytest.fixture()

@@ -95,11 +95,13 @@ def start_server(
     preset: str | None = None,
     env: dict[str, str] | None = None,
     context_end_ok: bool = False,
+    port: int | None = None,
 ) -> RespdServer:
-    """`respd serve` with the preset's flags (if any), then `args`, once it answers /health."""
+    """`respd serve` with the preset's flags (if any), then `args`, once it answers /health
+    (on `port`, or a free one)."""
     if preset is not None:
         args = (*PRESETS[preset], *args)
-    port = free_port()
+    port = port or free_port()
     log_path = tmp_dir / f"respd-{port}.log"
     cmd = [sys.executable, "-m", "respd", "serve", "--port", str(port), *args]
     # Two decode threads unless the test or the caller's environment says otherwise: the

@@ -1,0 +1,82 @@
+"""`respd providers`: a running server's routing table, read over HTTP from
+`/v1/providers` and printed as a table (or as JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+COLUMNS = (
+    ("model", "model"),
+    ("provider", "provider"),
+    ("endpoint", "endpoint"),
+    ("healthy", "healthy"),
+    ("circuit", "circuit"),
+    ("running", "running"),
+    ("requests", "requests"),
+    ("failed", "failed"),
+    ("fallbacks", "fallbacks"),
+    ("latency_ms", "latency ms"),
+    ("throughput_tps", "tokens/s"),
+    ("last_error", "last error"),
+)
+
+
+def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
+    parser = sub.add_parser(
+        "providers",
+        help="show a running server's providers: health, circuit, latency, throughput",
+        description="Print the routing table of a running respd (GET /v1/providers): each "
+        "provider of each routed model with its health, circuit state, requests, failures, "
+        "fallbacks, measured latency and throughput.",
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("RESPD_URL", DEFAULT_URL),
+        help=f"the server's base URL [env: RESPD_URL] [default: {DEFAULT_URL}]",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("RESPD_ADMIN_KEY"),
+        help="the server's --metrics-api-key (or an API key when it has none) "
+        "[env: RESPD_ADMIN_KEY]",
+    )
+    parser.add_argument("--json", action="store_true", help="print the JSON as the server sent it")
+
+
+def run(args: argparse.Namespace) -> int:
+    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    url = args.url.rstrip("/").removesuffix("/v1") + "/v1/providers"
+    try:
+        response = httpx.get(url, headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"respd providers: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    if response.status_code != 200:
+        print(
+            f"respd providers: {url} answered {response.status_code}: {response.text}",
+            file=sys.stderr,
+        )
+        return 1
+    rows = response.json()["data"]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no routed models (entries sharing a model_id, or naming a provider)")
+        return 0
+    table = Table()
+    for _, title in COLUMNS:
+        table.add_column(title)
+    for row in rows:
+        table.add_row(*("" if row.get(k) is None else str(row[k]) for k, _ in COLUMNS))
+    Console(width=200).print(table)
+    return 0
