@@ -15,6 +15,7 @@ from starlette.middleware.cors import CORSMiddleware
 from respd import __version__
 from respd.api import chat, conversations, embeddings, files, playground, responses, websocket
 from respd.api import models as model_routes
+from respd.api import providers as provider_routes
 from respd.api import vector_stores as vector_store_routes
 from respd.api.errors import RequestIdMiddleware, install_error_handlers
 from respd.api.guard import GuardSettings, RequestGuard
@@ -145,6 +146,7 @@ def _install_routes(app: FastAPI, ui: bool) -> None:
     for module in (responses, websocket, conversations, files, chat, embeddings, model_routes):
         add_routes(app, module.router)
     add_routes(app, vector_store_routes.router)
+    add_routes(app, provider_routes.router)
     if ui:
         add_routes(app, playground.router)
 
@@ -160,7 +162,7 @@ def _install_middleware(
         app.add_middleware(QuotaMiddleware, quotas=app.state.quotas)
     if quotas is not None and (quotas.sockets_per_key or quotas.sockets_total):
         app.add_middleware(ConnectionLimits, quotas=app.state.quotas)
-    app.add_middleware(AuthMiddleware, keys=keys or KeyRing())
+    app.add_middleware(AuthMiddleware, keys=app.state.keys)
     if guard is not None and guard.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -238,6 +240,7 @@ def create_app(
     app.state.runs = runs
     app.state.toolbox = services.toolbox
     app.state.socket_limits = socket_limits or SocketLimits()
+    app.state.keys = keys or KeyRing()
     _install_routes(app, ui)
     _install_middleware(app, keys, guard, quotas)
     install_metrics(

@@ -28,10 +28,19 @@ from respd.service.generation.admission import LANE
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
-# Routes that hold no one's data: a health probe and the API description. `/metrics` has
-# its own optional key.
+# Routes that hold no one's data: a health probe and the API description. `/metrics` and
+# the routing table (`/v1/providers`) check the operators' key themselves.
 PUBLIC_PATHS = frozenset(
-    {"/health", "/v1/health", "/metrics", "/openapi.json", "/docs", "/redoc", "/"}
+    {
+        "/health",
+        "/v1/health",
+        "/metrics",
+        "/v1/providers",
+        "/openapi.json",
+        "/docs",
+        "/redoc",
+        "/",
+    }
 )
 # The playground's static files: the page asks for a key itself, once it has loaded.
 PUBLIC_PREFIXES = ("/playground/",)
