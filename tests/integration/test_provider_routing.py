@@ -9,8 +9,9 @@ its failures and closes after the cool-down once the provider is back. Through t
 from __future__ import annotations
 
 import json
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.llama_server import llama_server
+from tests.support.llama_server import llama_server, llama_server_binary
 from tests.support.sdk_types import strict_event, strict_response
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
@@ -41,6 +42,7 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    llama_server_binary()  # skips (or fails under CI) before any server starts
     tmp = tmp_path_factory.mktemp("routing")
     a = start_server(tmp, *BACKEND)
     b = start_server(tmp, *BACKEND)
@@ -128,6 +130,52 @@ def test_order_only_ignore_and_sort_pick_the_provider(fleet: Fleet) -> None:
     # Every provider measured: latency sorting has figures to go by.
     table = _providers(fleet)
     assert all(table[p]["latency_ms"] is not None for p in "abc")
+
+
+def test_the_upstreams_file_is_read_again_on_sighup(fleet: Fleet) -> None:
+    path = fleet.tmp / "upstreams.toml"
+    entry = '[[upstream]]\nalias = "{0}"\nurl = "{1}/v1"\nmodel = "{2}"\nmodel_id = "{3}"\n'
+    path.write_text(entry.format("b1", fleet.b.base_url, MODEL_ID, "team/smol"))
+    front = start_server(
+        fleet.tmp, "--engine", "openai", "--upstreams-file", str(path), "--store", "memory"
+    )
+    try:
+        assert _models(front) == {"team/smol": ["b1"]}
+        # A second provider for the model, and a new model, without a restart.
+        path.write_text(
+            entry.format("b1", fleet.b.base_url, MODEL_ID, "team/smol")
+            + entry.format("b2", fleet.b.base_url, MODEL_ID, "team/smol")
+            + entry.format("solo", fleet.b.base_url, MODEL_ID, "team/other")
+        )
+        front.process.send_signal(signal.SIGHUP)
+        _until(lambda: _models(front) == {"team/smol": ["b1", "b2"], "team/other": ["solo"]})
+        r = httpx.post(
+            front.base_url + "/v1/responses",
+            json={"model": "team/smol", "input": "hi", "max_output_tokens": 8,
+                  "provider": {"order": ["b2"]}},
+            timeout=60,
+        )  # fmt: skip
+        assert r.status_code == 200 and r.headers["x-respd-provider"] == "b2"
+        # A file in error changes nothing.
+        path.write_text("[[upstream]\n")
+        front.process.send_signal(signal.SIGHUP)
+        _until(lambda: "upstreams not reloaded" in front.log())
+        assert _models(front) == {"team/smol": ["b1", "b2"], "team/other": ["solo"]}
+    finally:
+        front.stop()
+    assert "Traceback" not in front.log()
+
+
+def _models(server: RespdServer) -> dict[str, list[str]]:
+    data = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
+    return {m["id"]: m.get("providers") for m in data}
+
+
+def _until(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
 
 
 def test_killing_a_provider_moves_requests_to_the_next(fleet: Fleet) -> None:
