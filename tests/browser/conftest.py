@@ -43,8 +43,10 @@ def no_ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServ
     yield from _server(tmp_path_factory.mktemp("respd-no-ui"), "--no-ui")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Playwright's sync API runs an event loop of its own while it is open: closed with the
+    module, so that the async tests of a whole-tree run that come after it get theirs."""
     path = chromium_path()
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(path), args=list(CHROMIUM_ARGS))
