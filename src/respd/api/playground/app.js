@@ -151,6 +151,9 @@ async function drawResponses(chat) {
       turn.showStatus();
       resume(turn, waiting.after);
     } else {
+      if (waiting && waiting.id === id) {
+        history.setPending(null); // it ended while no page followed it
+      }
       turn.finish(response);
     }
   }
@@ -331,7 +334,9 @@ async function follow(turn, open, { background, title }) {
       turn.showError("The stream ended before the response finished.");
     }
   } catch (error) {
-    if (error.name !== "AbortError") {
+    if (error.name === "AbortError") {
+      turn.showError("Stopped: this page no longer follows the response.");
+    } else {
       turn.showError(error.message);
       if (error.status === 401) {
         banner(error.message);
@@ -427,6 +432,9 @@ function togglePanel(button, panel) {
   const open = !document.body.classList.contains(`show-${panel}`);
   document.body.classList.toggle(`show-${panel}`, open);
   button.setAttribute("aria-expanded", String(open));
+  if (panel === "raw" && open) {
+    $("raw-log").scrollTop = $("raw-log").scrollHeight; // it could not scroll while hidden
+  }
 }
 
 function askKey() {
