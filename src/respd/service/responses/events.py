@@ -86,11 +86,8 @@ def usage_json(usage: Usage) -> dict[str, Any]:
 
 @dataclass
 class ResponseEventMachine:
-    """Drives one response from `created` to its terminal event.
-
-    `echo` holds the request settings the Response object repeats (instructions, model,
-    temperature, tools, ...); see `service/responses.py` for how it is built.
-    """
+    """Drives one response from `created` to its terminal event. `echo` holds the
+    request settings the Response object repeats (instructions, model, tools, ...)."""
 
     echo: dict[str, Any]
     # How a call maps back to an item, by the name the model was shown; a name not here
@@ -113,8 +110,7 @@ class ResponseEventMachine:
     generated_tokens: int = 0  # tokens seen so far: the usage of a response cut short
     # A remote engine's failure, as the HTTP status a non-streaming client gets.
     error_status: int | None = None
-    # Which provider of a routed model answered, and which failed before it.
-    route: RouteReport | None = None
+    route: RouteReport | None = None  # which provider of a routed model answered
     _seq: int = 0
     _text: OpenText | None = None  # the message or reasoning item being written
     _call: OpenCall | None = None
@@ -522,8 +518,7 @@ class ResponseEventMachine:
 
     def end(self, finished: Finished) -> list[ResponseStreamEvent]:
         """The terminal events for how the generation ended."""
-        if finished.route is not None:
-            self.route = finished.route
+        self.route = finished.route or self.route
         if finished.reason == "error" and finished.status is not None:
             self.error_status = finished.status
             if finished.status < 500:
