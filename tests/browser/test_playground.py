@@ -204,3 +204,69 @@ def test_the_composer_works_at_phone_width(page: Page, server: RespdServer) -> N
     assert width <= PHONE["width"], f"the page scrolls sideways: {width}px"
     page.click("#toggle-settings")
     expect(page.locator("#settings")).to_be_visible()
+
+
+def test_a_conversation_is_continued_after_a_reload_and_deleted(
+    page: Page, server: RespdServer
+) -> None:
+    _open(page, server)
+    page.check("#use-conversation")
+    _send(page, "Say hello.")
+    _ended(page, 0)
+    page.reload()
+    expect(page.locator("article.turn")).to_have_count(1)  # drawn from the conversation
+    _send(page, "Say goodbye.")
+    second = _ended(page, 1)
+    conversation = _stored(server, _id(second))["conversation"]["id"]
+    url = f"{server.base_url}/v1/conversations/{conversation}"
+    items = httpx.get(url + "/items?order=asc").json()["data"]
+    said = [p["text"] for i in items if i.get("role") == "user" for p in i["content"]]
+    assert said == ["Say hello.", "Say goodbye."]
+    page.get_by_role("button", name="Delete Say hello.").click()
+    expect(page.locator("#history-list li")).to_have_count(0)
+    expect(page.locator("article.turn")).to_have_count(0)
+    assert httpx.get(url).status_code == 404
+
+
+def test_an_error_answer_is_shown(page: Page, server: RespdServer) -> None:
+    _open(page, server)
+    page.fill("#temperature", "7")
+    _send(page, "Hi.")
+    refusal = httpx.post(
+        f"{server.base_url}/v1/responses",
+        json={"model": MODEL_ID, "input": "Hi.", "temperature": 7},
+    )
+    assert refusal.status_code == 400
+    expect(page.locator("article.turn .turn-error")).to_have_text(
+        refusal.json()["error"]["message"]
+    )
+
+
+# One PNG pixel, dropped on the composer as a file: the page sends it inline as a data URL.
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAF"
+    "BQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+DROP_IMAGE = """async (pixel) => {
+    const bytes = Uint8Array.from(atob(pixel), (c) => c.charCodeAt(0));
+    const data = new DataTransfer();
+    data.items.add(new File([bytes], "dot.png", {type: "image/png"}));
+    const composer = document.getElementById("composer");
+    composer.dispatchEvent(new DragEvent("dragover", {dataTransfer: data, bubbles: true}));
+    composer.dispatchEvent(new DragEvent("drop", {dataTransfer: data, bubbles: true}));
+}"""
+
+
+def test_a_dropped_image_is_sent_inline(page: Page, server: RespdServer) -> None:
+    _open(page, server)
+    page.evaluate(DROP_IMAGE, PIXEL)
+    expect(page.locator("#attachments")).to_contain_text("image: dot.png")
+    sent: list[Any] = []
+    page.on("request", lambda r: sent.append(r.post_data_json) if r.method == "POST" else None)
+    _send(page, "What is in this picture?")
+    # The embedded model has no vision projector: the server's refusal is shown.
+    expect(page.locator("article.turn .turn-error")).to_contain_text("has no image input")
+    parts = sent[0]["input"][0]["content"]
+    assert parts[0] == {"type": "input_text", "text": "What is in this picture?"}
+    assert parts[1]["type"] == "input_image"
+    assert parts[1]["image_url"].startswith("data:image/png;base64,")

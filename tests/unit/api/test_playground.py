@@ -5,6 +5,7 @@ names another host)."""
 from __future__ import annotations
 
 import re
+from html.parser import HTMLParser
 from importlib.resources import files
 
 import httpx
@@ -100,3 +101,36 @@ def test_no_asset_reaches_another_host() -> None:
         found = [u for u in URL.findall(text) if not u.startswith("http://www.w3.org/")]
         assert not found, f"{name} names other hosts: {found}"
         assert "//cdn" not in text and "@import url(" not in text, name
+
+
+class _Controls(HTMLParser):
+    """The page's form controls, and which of them a label names or wraps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.controls: list[str] = []
+        self.labelled: set[str] = set()
+        self.in_label = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        named = dict(attrs)
+        if tag == "label":
+            self.in_label += 1
+            if named.get("for"):
+                self.labelled.add(str(named["for"]))
+        elif tag in ("input", "select", "textarea"):
+            control = str(named.get("id"))
+            self.controls.append(control)
+            if self.in_label or named.get("aria-label"):
+                self.labelled.add(control)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self.in_label -= 1
+
+
+def test_every_control_on_the_page_has_a_label() -> None:
+    parser = _Controls()
+    parser.feed((ASSETS / "index.html").read_text())
+    assert len(parser.controls) > 10
+    assert not set(parser.controls) - parser.labelled
