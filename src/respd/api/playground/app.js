@@ -79,7 +79,26 @@ function settings() {
     body.tools = Object.values(DEMO_TOOLS).map((t) => t.definition);
     body.tool_choice = forced ? { type: "function", name: choice } : choice;
   }
-  return body;
+  const extra = extraFields();
+  return { ...body, ...extra, tools: [...(body.tools || []), ...(extra.tools || [])] };
+}
+
+/** The settings' free-form JSON (e.g. an MCP server or file search as `tools`). */
+function extraFields() {
+  const text = $("extra").value.trim();
+  if (!text) {
+    return {};
+  }
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`Extra request fields are not JSON: ${error.message}`);
+  }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) {
+    throw new Error("Extra request fields must be a JSON object.");
+  }
+  return value;
 }
 
 // -- history --------------------------------------------------------------------------
@@ -217,10 +236,13 @@ function newChat() {
 
 const actions = {
   functionOutput(callId, output, turn) {
-    send([{ type: "function_call_output", call_id: callId, output }], { after: turn });
+    send([{ type: "function_call_output", call_id: callId, output }], { after: turn, answer: "output" });
   },
   approval(requestId, approve, turn) {
-    send([{ type: "mcp_approval_response", approval_request_id: requestId, approve }], { after: turn });
+    send([{ type: "mcp_approval_response", approval_request_id: requestId, approve }], {
+      after: turn,
+      answer: "approval",
+    });
   },
 };
 
@@ -254,19 +276,33 @@ async function composed(text) {
  * Send `input` as the next turn of the chat. `after`: the turn whose function call or
  * approval request this input answers.
  */
-async function send(input, { after = null } = {}) {
+async function send(input, { after = null, answer = null } = {}) {
   if (state.running) {
     return;
   }
-  const body = { ...settings(), input, stream: true };
+  let body;
+  try {
+    body = { ...settings(), input, stream: true };
+  } catch (error) {
+    banner(error.message);
+    return;
+  }
+  if (!body.tools.length) {
+    delete body.tools;
+  }
   const background = $("background").checked;
   if (background) {
     body.background = true;
     body.store = true;
   }
-  if (after && body.tool_choice && body.tool_choice !== "auto" && body.tool_choice !== "none") {
-    // A forced call is asked for once; forcing it again on its answer would loop.
-    body.tool_choice = "none";
+  if (answer && body.tool_choice && body.tool_choice !== "auto" && body.tool_choice !== "none") {
+    // A forced call is asked for once: forcing it again on its output would loop, and an
+    // approved call runs before the model is asked anything.
+    if (answer === "output") {
+      body.tool_choice = "none";
+    } else {
+      delete body.tool_choice;
+    }
   }
   const title = titleOf(input);
   try {

@@ -105,6 +105,9 @@ export class Turn {
 
   /** One stream event (`data` is its parsed JSON). */
   handle(type, data) {
+    if (type.endsWith(".delta")) {
+      this.firstToken ??= performance.now(); // text, arguments or a server tool's call
+    }
     switch (type) {
       case "response.created":
       case "response.queued":
@@ -120,11 +123,9 @@ export class Turn {
       case "response.refusal.delta":
       case "response.reasoning_text.delta":
       case "response.reasoning_summary_text.delta":
-        this.firstToken ??= performance.now();
         this.appendText(data.output_index, type, data.content_index ?? data.summary_index ?? 0, data.delta);
         break;
       case "response.function_call_arguments.delta":
-        this.firstToken ??= performance.now();
         this.appendArguments(data.output_index, data.delta);
         break;
       case "response.completed":
@@ -288,7 +289,11 @@ export class Turn {
       { class: `item card ${kind}`, "aria-label": `${item.type} ${label}` },
       el("h3", {}, el("span", { class: "badge", text: item.type }), ` ${label}`),
       item.status ? el("p", { class: "status", text: `status: ${item.status}` }) : null,
-      item.error ? el("p", { class: "turn-error", text: String(item.error) }) : null,
+      item.arguments ? el("pre", { class: "arguments", text: item.arguments }) : null,
+      item.output ? el("pre", { class: "tool-output", text: `→ ${item.output}` }) : null,
+      item.error
+        ? el("p", { class: "turn-error", text: typeof item.error === "string" ? item.error : JSON.stringify(item.error) })
+        : null,
       el("details", {}, el("summary", { text: "Item" }), el("pre", { text: JSON.stringify(item, null, 2) })),
     );
     if (item.type === "mcp_approval_request" && this.actions.approval) {
