@@ -14,6 +14,7 @@ import pytest
 from playwright.sync_api import Browser, Page, ViewportSize, sync_playwright
 
 from tests.support.browser import CHROMIUM_ARGS, chromium_path
+from tests.support.mcp_server import McpTestServer, mcp_server
 from tests.support.servers import RespdServer, start_server
 
 # Answers that set no cap stop here: the tests read how a turn is drawn, not a long answer.
@@ -30,7 +31,14 @@ def _server(tmp: Path, *args: str) -> Iterator[RespdServer]:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RespdServer]:
-    yield from _server(tmp_path_factory.mktemp("respd-ui"))
+    # MCP servers on 127.0.0.1 allowed: the test MCP server's tools are drawn as cards.
+    yield from _server(tmp_path_factory.mktemp("respd-ui"), "--mcp-allowed-hosts", "127.0.0.1")
+
+
+@pytest.fixture(scope="module")
+def mcp() -> Iterator[McpTestServer]:
+    with mcp_server() as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ HTTP and their chaining and input read from there."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from playwright.sync_api import Locator, Page, ViewportSize, expect
 
 from tests.browser.conftest import API_KEY
+from tests.support.mcp_server import McpTestServer
 from tests.support.servers import MODEL_ID, RespdServer
 
 ENDED = re.compile("^(completed|incomplete)$")
@@ -270,3 +272,28 @@ def test_a_dropped_image_is_sent_inline(page: Page, server: RespdServer) -> None
     assert parts[0] == {"type": "input_text", "text": "What is in this picture?"}
     assert parts[1]["type"] == "input_image"
     assert parts[1]["image_url"].startswith("data:image/png;base64,")
+
+
+def test_a_server_tool_is_approved_in_its_card_and_runs(
+    page: Page, server: RespdServer, mcp: McpTestServer
+) -> None:
+    _open(page, server)
+    tool = {"type": "mcp", "server_label": "facts", "server_url": mcp.url, "allowed_tools": ["add"]}
+    choice = {"type": "mcp", "server_label": "facts", "name": "add"}
+    page.fill("#extra", json.dumps({"tools": [tool], "tool_choice": choice}))
+    page.fill("#max-output-tokens", "200")  # the call, then an answer
+    _send(page, "Add 20 and 22.")
+    first = _ended(page, 0)
+    expect(first.locator("[data-type=mcp_list_tools]")).to_contain_text("facts")
+    request = first.locator("[data-type=mcp_approval_request]")
+    expect(request).to_contain_text("add")
+    request.get_by_role("button", name="Approve").click()
+    second = _ended(page, 1)
+    call = second.locator("[data-type=mcp_call]")
+    expect(call).to_contain_text("status: completed")
+    stored = _stored(server, _id(second))
+    assert stored["previous_response_id"] == _id(first)
+    done = stored["output"][0]
+    assert done["type"] == "mcp_call"
+    args = json.loads(done["arguments"])
+    assert done["output"] == str(args["a"] + args["b"])
