@@ -159,10 +159,17 @@ async function openChat(key) {
 async function drawResponses(chat) {
   const waiting = history.pending();
   for (const id of chat.responses) {
-    const [response, inputs] = await Promise.all([
-      api.getJSON(`/v1/responses/${id}`),
-      api.getJSON(`/v1/responses/${id}/input_items?order=asc&limit=100`),
-    ]);
+    let response, inputs;
+    try {
+      [response, inputs] = await Promise.all([
+        api.getJSON(`/v1/responses/${id}`),
+        api.getJSON(`/v1/responses/${id}/input_items?order=asc&limit=100`),
+      ]);
+    } catch (error) {
+      // Deleted or expired on the server: say so in its place and draw the rest.
+      new Turn($("transcript"), [], actions).showError(`${id}: ${error.message}`);
+      continue;
+    }
     const turn = new Turn($("transcript"), inputs.data, actions);
     const live = response.status === "queued" || response.status === "in_progress";
     if (live && waiting && waiting.id === id) {
@@ -178,8 +185,12 @@ async function drawResponses(chat) {
   }
 }
 
+/** Whether a conversation item came from the model (else it opens a new turn). */
 function isOutput(item) {
-  return item.type !== "message" ? item.type !== "function_call_output" && item.type !== "mcp_approval_response" : item.role === "assistant";
+  if (item.type === "message") {
+    return item.role === "assistant";
+  }
+  return item.type !== "function_call_output" && item.type !== "mcp_approval_response";
 }
 
 async function drawConversation(id) {
