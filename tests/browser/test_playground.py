@@ -136,7 +136,8 @@ def test_a_background_response_is_followed_across_a_reload(page: Page, server: R
     page.check("#background")
     page.fill("#max-output-tokens", "400")
     page.fill("#temperature", "0")
-    _send(page, "List the numbers from 1 to 200, one per line.")
+    # Greedy, this prompt runs to the cap: seconds, long enough to reload in the middle.
+    _send(page, "Write a long story about a dragon and a knight, with many chapters.")
     text = page.locator("article.turn .message .text").first
     expect(text).not_to_be_empty()
     page.reload()
