@@ -23,9 +23,10 @@ from respd.engines.llamacpp import LlamaCppEngine, ProjectorError
 from respd.engines.routing import RoutedEngine
 from respd.engines.upstream import UpstreamEngine, UpstreamSpec
 from respd.header_timeout import header_timeout_protocol
+from respd.local_models import ModelsError, local_models, several
 from respd.logs import uvicorn_log_config
 from respd.service.generation.core import ActiveRuns
-from respd.service.models import ModelRegistry
+from respd.service.models import LocalModel, ModelRegistry, PoolLimits
 from respd.store import Store, StoreConfigError
 from respd.upstreams import Upstreams, UpstreamsError, loop_caller
 
@@ -95,6 +96,7 @@ class DrainingServer(uvicorn.Server):
 def load_engines(settings: Settings, console: Console) -> tuple[ModelRegistry, Upstreams]:
     """The local model (unless --engine openai) and every upstream, each under its id."""
     engines: list[Engine] = []
+    local: list[LocalModel] = []
     upstreams = Upstreams(settings, console.print)
     has_upstreams = settings.upstream or settings.upstreams_file
     if settings.engine == "openai" and not settings.upstream_url and not has_upstreams:
@@ -111,12 +113,34 @@ def load_engines(settings: Settings, console: Console) -> tuple[ModelRegistry, U
                 vision=settings.mmproj is not None,
             )
             engines.append(upstreams.engine(main))
-        elif settings.engine != "openai":
+        elif settings.engine != "openai" and not several(settings):
             engines.append(load_engine(settings, console))
+        elif settings.engine != "openai":
+            local = local_models(settings, lambda own: load_engine(own, console))
         engines += upstreams.build(upstreams.specs())
-        return ModelRegistry(engines), upstreams
-    except (UpstreamsError, ValueError) as exc:
+        registry = ModelRegistry(engines, local=local, limits=pool_limits(settings))
+    except (UpstreamsError, ModelsError, ValueError) as exc:
         raise SystemExit(f"respd: {exc}") from None
+    for model in local:
+        if model.pin:  # pinned models are there from the start, and stay
+            try:
+                registry.preload(model.model_id)
+            except Exception as exc:
+                raise SystemExit(
+                    f"respd: cannot load pinned model {model.model_id}: {exc}"
+                ) from None
+    if local:
+        listed = ", ".join(m.model_id + (" (pinned)" if m.pin else "") for m in local)
+        console.print(f"Local models, loaded on first use: {listed}")
+    return registry, upstreams
+
+
+def pool_limits(settings: Settings) -> PoolLimits:
+    return PoolLimits(
+        max_loaded=settings.models_max,
+        memory_bytes=settings.models_memory_mb * 2**20,
+        idle_secs=settings.models_idle_secs,
+    )
 
 
 def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
@@ -143,7 +167,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 chat_template=template,
                 repack=settings.repack_weights(),
                 mmproj=mmproj,
-                sampling=settings.sampling_overrides(embedded_model=settings.model is None),
+                sampling=settings.sampling_overrides(embedded_model=not settings.model),
                 dry_sequence_breakers=settings.dry_breakers(),
                 speculation=settings.speculation_settings(),
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
@@ -198,6 +222,9 @@ def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
 def remote_slots(settings: Settings, engines: Iterable[Engine]) -> dict[str, int]:
     """An upstream's slots are its connections; a routed model's, its providers'."""
     slots: dict[str, int] = {}
+    if isinstance(engines, ModelRegistry):
+        for model in engines.local_models():
+            slots[model.model_id] = model.slots or settings.parallel
     for engine in engines:
         if isinstance(engine, UpstreamEngine):
             slots[engine.model_id] = engine.max_concurrency

@@ -28,14 +28,13 @@ from respd.service.generation.admission import LANE
 log = logging.getLogger(__name__)
 
 ANONYMOUS = "anonymous"
-# Routes that hold no one's data: a health probe and the API description. `/metrics` and
-# the routing table (`/v1/providers`) check the operators' key themselves.
+# Routes that hold no one's data: a health probe and the API description. `/metrics` checks
+# the operators' key itself, as do the operators' routes (`operator_route`).
 PUBLIC_PATHS = frozenset(
     {
         "/health",
         "/v1/health",
         "/metrics",
-        "/v1/providers",
         "/openapi.json",
         "/docs",
         "/redoc",
@@ -175,6 +174,7 @@ class AuthMiddleware:
         if scope["type"] == "http" and (
             scope["path"] in PUBLIC_PATHS
             or scope["path"].startswith(PUBLIC_PREFIXES)
+            or operator_route(scope["path"])
             or scope["method"] == "OPTIONS"
         ):
             return ANONYMOUS_IDENTITY  # a CORS preflight carries no credentials
@@ -188,3 +188,24 @@ def identity_of(request: HTTPConnection) -> Identity:
 
 def owner_of(request: HTTPConnection) -> str:
     return identity_of(request).owner
+
+
+def operator_route(path: str) -> bool:
+    """The routing table and loading or unloading a model: operators' routes."""
+    if path == "/v1/providers":
+        return True
+    return path.startswith("/v1/models/") and path.endswith(("/load", "/unload"))
+
+
+def require_operator(request: HTTPConnection) -> None:
+    """Operators' routes (the routing table, loading models): with `--metrics-api-key` set
+    only that key passes, else any API key the server takes (any caller on a server
+    without keys). Such routes are public to the key middleware and call this."""
+    presented = presented_key(dict(request.scope.get("headers") or []))
+    operator: str | None = getattr(request.app.state, "metrics_api_key", None)
+    keys: KeyRing = request.app.state.keys
+    if operator is not None:
+        if presented is None or not hmac.compare_digest(presented.encode(), operator.encode()):
+            raise Unauthorized()
+    elif keys.enabled and keys.identify(presented) is None:
+        raise Unauthorized()

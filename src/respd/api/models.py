@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
+from respd.api.identity import require_operator
 from respd.engines.base import Engine
 from respd.engines.embedding import Embedder
 from respd.engines.routing import RoutedEngine
@@ -17,7 +18,7 @@ from respd.protocol.errors import NotFound
 from respd.service.codex import codex_catalog
 from respd.service.embeddings import EmbeddingModels
 from respd.service.media.cache import MediaCache
-from respd.service.models import ModelRegistry
+from respd.service.models import ModelRegistry, ModelState
 
 router = APIRouter()
 
@@ -38,7 +39,33 @@ def _card(request: Request, model_id: str, window: int | None, **more: Any) -> d
     }
 
 
-def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
+def _state_card(request: Request, state: ModelState) -> dict[str, Any]:
+    """A model's card; a local model's says whether it is loaded (and why it failed to)."""
+    local = state.local
+    if local is None:
+        assert state.engine is not None
+        return _model_card(request, state.engine)
+    more: dict[str, Any] = {
+        "loaded": state.engine is not None,
+        "pinned": local.pin,
+        "loads": state.loads,
+        "load_error": state.error,
+    }
+    if state.engine is not None:
+        return _model_card(request, state.engine, **more)
+    window = local.context_window
+    return _card(
+        request,
+        local.model_id,
+        window,
+        max_output_tokens=request.app.state.runs.output.cap(window) if window else None,
+        input_modalities=["text", "image"] if local.vision else ["text"],
+        server_tools=request.app.state.toolbox.tool_types(),
+        **more,
+    )
+
+
+def _model_card(request: Request, engine: Engine, **more: Any) -> dict[str, Any]:
     routed: dict[str, Any] = {}
     if isinstance(engine, RoutedEngine):  # one public id over several upstreams
         routed["providers"] = engine.provider_names()
@@ -52,6 +79,7 @@ def _model_card(request: Request, engine: Engine) -> dict[str, Any]:
         # the hosted tool types this server runs for the model (web search: with a backend)
         server_tools=request.app.state.toolbox.tool_types(),
         **routed,
+        **more,
     )
 
 
@@ -91,7 +119,7 @@ async def list_models(request: Request) -> dict[str, Any] | Response:
     """OpenAI's model list; Codex, which names its `client_version`, gets its own catalog."""
     if "client_version" in request.query_params:
         return _codex_models(request)
-    cards = [_model_card(request, e) for e in _models(request)]
+    cards = [_state_card(request, state) for state in _models(request).states()]
     chat_ids = {card["id"] for card in cards}
     for embedder in request.app.state.embeddings:
         if embedder.model_id not in chat_ids:
@@ -102,11 +130,31 @@ async def list_models(request: Request) -> dict[str, Any] | Response:
 @router.get("/v1/models/{model_id:path}")
 @router.get("/models/{model_id:path}", include_in_schema=False)
 async def get_model(request: Request, model_id: str) -> dict[str, Any]:
+    models = _models(request)
     try:
-        return _model_card(request, _models(request).get(model_id))
+        resolved = models.resolve(model_id)
+        return next(_state_card(request, s) for s in models.states() if s.model_id == resolved)
     except NotFound:  # an embedding model, or the same 404
         embeddings: EmbeddingModels = request.app.state.embeddings
         return _embedding_card(request, embeddings.get(model_id))
+
+
+@router.post("/v1/models/{model_id:path}/load")
+async def load_model(request: Request, model_id: str) -> dict[str, Any]:
+    """Load a local model now (operators' route); its card once loaded."""
+    require_operator(request)
+    models = _models(request)
+    await models.load(model_id)
+    return await get_model(request, models.resolve(model_id))
+
+
+@router.post("/v1/models/{model_id:path}/unload")
+async def unload_model(request: Request, model_id: str) -> dict[str, Any]:
+    """Unload a local model now (operators' route; a 409 while it runs requests)."""
+    require_operator(request)
+    models = _models(request)
+    unloaded = await models.unload(model_id)
+    return {"id": models.resolve(model_id), "object": "model", "unloaded": unloaded}
 
 
 @router.get("/health")

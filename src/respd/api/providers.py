@@ -5,12 +5,11 @@ routed answer."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from respd.api.identity import KeyRing, Unauthorized, presented_key
+from respd.api.identity import require_operator
 from respd.engines.routing import Provider, RoutedEngine
 from respd.service.models import ModelRegistry
 
@@ -68,12 +67,5 @@ def routing_table(models: ModelRegistry) -> list[dict[str, Any]]:
 async def list_providers(request: Request) -> dict[str, Any]:
     """Every routed model's providers, in their configured order. Operators' data: with
     `--metrics-api-key` set only that key reads it, else any API key the server takes."""
-    presented = presented_key(dict(request.scope.get("headers") or []))
-    operator: str | None = request.app.state.metrics_api_key
-    keys: KeyRing = request.app.state.keys
-    if operator is not None:
-        if presented is None or not hmac.compare_digest(presented.encode(), operator.encode()):
-            raise Unauthorized()
-    elif keys.enabled and keys.identify(presented) is None:
-        raise Unauthorized()
+    require_operator(request)
     return {"object": "list", "data": routing_table(request.app.state.models)}

@@ -6,9 +6,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from respd.engines import defaults as engine_defaults
 from respd.engines.defaults import ImageEncode
@@ -48,6 +49,16 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
+def model_file(ref: str) -> Path:
+    """A --model reference's local file: the path itself, or an hf:// model pulled into
+    (or found in) respd's hub cache."""
+    if not ref.startswith("hf://"):
+        return Path(ref).expanduser()
+    from respd.hub import resolve_model_ref  # imports huggingface_hub: only when asked
+
+    return resolve_model_ref(ref)
+
+
 def alias_from_path(path: Path) -> str:
     """`SmolLM2-135M-Instruct.Q4_1.gguf` → `smollm2-135m-instruct` (quantization suffix dropped)."""
     stem = path.name
@@ -68,9 +79,12 @@ class EngineConfig(BaseModel):
         "to the OpenAI-compatible Chat Completions server at --upstream-url (vLLM, SGLang, "
         "llama-server, another respd, a hosted API); respd keeps all state.",
     )
-    model: str | None = Field(
-        None,
-        description="Path to a GGUF model file. Default: the embedded SmolLM2-135M-Instruct.",
+    model: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="A GGUF model file: PATH, ALIAS=PATH, or hf://OWNER/REPO[:QUANT] (pulled "
+        "from the Hugging Face hub into respd's cache). Repeatable (the env var takes "
+        "several separated by ';'): with more than one, each loads on first use (see "
+        "--models-max). Default: the embedded SmolLM2-135M-Instruct.",
     )
     embedding_model: Path | None = Field(
         None,
@@ -222,11 +236,38 @@ class EngineConfig(BaseModel):
         """None: let the engine decide (auto)."""
         return None if self.repack == "auto" else self.repack == "on"
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_paths(cls, value: object) -> object:
+        """Paths may hold commas, so several in one env var are `;`-separated."""
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(";") if p.strip()]
+        return value
+
+    def model_entries(self) -> list[tuple[str | None, str]]:
+        """The --model entries as (alias or None, path or hf:// reference)."""
+        entries: list[tuple[str | None, str]] = []
+        for text in self.model:
+            alias, eq, ref = text.partition("=")
+            if eq and alias and "/" not in alias and not alias.startswith(("hf:", "~", ".")):
+                entries.append((alias, ref))
+            else:
+                entries.append((None, text))
+        return entries
+
     def model_path(self) -> Path:
-        return Path(self.model).expanduser() if self.model else embedded_model_path()
+        """The first --model's file (pulled from the hub when it names one)."""
+        if not self.model:
+            return embedded_model_path()
+        return model_file(self.model_entries()[0][1])
 
     def resolved_alias(self) -> str:
-        return self.model_alias or alias_from_path(self.model_path())
+        if self.model_alias:
+            return self.model_alias
+        entries = self.model_entries()
+        if entries and entries[0][0]:
+            return str(entries[0][0])
+        return alias_from_path(self.model_path())
 
     def embedders(self, chat_model_id: str | None) -> list[Embedder]:
         """What answers /v1/embeddings: --embedding-model, and the local chat model (its

@@ -20,6 +20,7 @@ from respd.config.keys import KeysConfig
 from respd.config.limits import LimitsConfig
 from respd.config.log import LogConfig
 from respd.config.media import MediaConfig
+from respd.config.models import ModelsConfig
 from respd.config.sampling import SamplingConfig
 from respd.config.store import StoreConfig
 from respd.config.tools import ToolsConfig
@@ -37,6 +38,7 @@ class Settings(
     LimitsConfig,
     WebSocketConfig,
     EngineConfig,
+    ModelsConfig,
     SamplingConfig,
     UpstreamConfig,
     MediaConfig,

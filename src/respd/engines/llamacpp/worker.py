@@ -38,6 +38,11 @@ from respd.engines.llamacpp.sequences import KvSequences
 from respd.engines.llamacpp.slots import Slot, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
 
+# The process's decode thread budget, shared by every model loaded: models generating at
+# once take turns batch by batch, each with all its --threads, instead of running their
+# thread pools side by side on the same cores (uncontended with one model).
+DECODE_TURNS = threading.Lock()
+
 log = logging.getLogger(__name__)
 
 
@@ -322,7 +327,8 @@ class DecodeWorker:
         if n == 0:
             return
         batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
+        with DECODE_TURNS:  # one model's batch at a time: each uses every decode thread
+            rc = llama_cpp.llama_decode(self._ctx.ctx, batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
         self._step += 1

@@ -148,7 +148,7 @@ class ChatService:
         self.limits.check(req.messages, None, req.tools, items_param="messages")
         self.limits.check_max_tokens(req.max_tokens, "max_tokens")
         self.limits.check_max_tokens(req.max_completion_tokens, "max_completion_tokens")
-        engine = self.models.get(req.model)
+        engine = await self.models.ready(req.model)
         check_metadata(req.metadata)
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         if req.n not in (None, 1):

@@ -99,7 +99,7 @@ class Compactor:
         service = self.service
         if not body.model:
             raise MissingParameter("model")
-        engine = service.models.get(body.model)
+        engine = await service.models.ready(body.model)
         check_item_shapes(body.input)
         history = await resolve_history(
             service.store, owner, previous_response_id=body.previous_response_id, conversation=None
@@ -127,7 +127,7 @@ class Compactor:
                 param="background",
                 code="invalid_value",
             )
-        engine = service.checked_engine(req)
+        engine = await service.checked_engine(req)
         sampling = request_sampling(req)
         items = req.input[:-1] if isinstance(req.input, list) else req.input
         history, messages = await service.context(engine, req, owner, items)

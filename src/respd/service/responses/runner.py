@@ -214,17 +214,18 @@ class ResponseRunner:
         self.limits = shared.limits
         self.toolbox = shared.toolbox
 
-    def checked_engine(self, req: CreateResponseRequest) -> Engine:
-        """The engine of the request's model, after the checks that need no history
-        (sizes, item shapes, metadata, fields not built, state settings)."""
+    async def checked_engine(self, req: CreateResponseRequest) -> Engine:
+        """The engine of the request's model (loaded, for a local model not loaded yet),
+        after the checks that need no history (sizes, item shapes, metadata, fields not
+        built, state settings)."""
         self.limits.check(req.input, req.instructions, req.tools, items_param="input")
         self.limits.check_max_tokens(req.max_output_tokens, "max_output_tokens")
-        engine = self.models.get(req.model)
+        self.models.resolve(req.model)  # an unknown model is a 404 before anything else
         check_item_shapes(req.input)
         check_metadata(req.metadata)
         _reject_unimplemented(req)
         _check_state_params(req)
-        return engine
+        return await self.models.ready(req.model)
 
     async def context(
         self,
@@ -255,7 +256,7 @@ class ResponseRunner:
         With `stream_compaction`, an automatic compaction is left for `run` to make in the
         response's stream; otherwise it is made now. `counting`: only the prompt is wanted
         (no approved tool call runs)."""
-        engine = self.checked_engine(req)
+        engine = await self.checked_engine(req)
         cache = prompt_cache(req.prompt_cache_key, req.prompt_cache_retention)
         sampling = request_sampling(req)
         sampling.logprobs = responses_logprobs(req)

@@ -214,7 +214,7 @@ class ResponsesService:
         # Only the fields a count takes; anything else in the body is ignored, as by create.
         ignored = {"personality", *(body.model_extra or {})}
         fields = body.model_dump(exclude_none=True, by_alias=True, exclude=ignored)
-        fields["model"] = body.model or self.models.default().model_id
+        fields["model"] = body.model or self.models.default_id()
         req = CreateResponseRequest.model_validate(fields)
         prepared = await self.runner.prepare(req, owner, counting=True)
         return prepared.prompt_tokens
