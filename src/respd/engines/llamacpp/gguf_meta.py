@@ -40,8 +40,18 @@ def _read(f: IO[bytes], fmt: str) -> Any:
     return struct.unpack(fmt, data)[0]
 
 
+def _room(f: IO[bytes], n: int) -> None:
+    """A length the rest of the file can hold (a corrupt one may claim any)."""
+    here = f.tell()
+    end = f.seek(0, 2)
+    f.seek(here)
+    if n > end - here:
+        raise GGUFError("a length in the header runs past the end of the file")
+
+
 def _string(f: IO[bytes]) -> str:
     n = _read(f, "<Q")
+    _room(f, n)
     data = f.read(n)
     if len(data) != n:
         raise GGUFError("the file ends inside a string")
@@ -56,10 +66,15 @@ def _value(f: IO[bytes], kind: int) -> Any:
     if kind == _ARRAY:
         inner, count = _read(f, "<I"), _read(f, "<Q")
         if inner in _SCALARS:
-            f.seek(struct.calcsize(_SCALARS[inner]) * count, 1)
+            size = struct.calcsize(_SCALARS[inner]) * count
+            _room(f, size)
+            f.seek(size, 1)
         elif inner == _STRING:
+            _room(f, 8 * count)
             for _ in range(count):
-                f.seek(_read(f, "<Q"), 1)
+                n = _read(f, "<Q")
+                _room(f, n)
+                f.seek(n, 1)
         else:
             for _ in range(count):
                 _value(f, inner)
@@ -77,6 +92,7 @@ def read_metadata(path: Path) -> dict[str, Any]:
             raise GGUFError(f"{path.name}: GGUF version {version} is not supported")
         _read(f, "<Q")  # tensor count
         n_kv = _read(f, "<Q")
+        _room(f, n_kv)  # each pair takes more than a byte
         values: dict[str, Any] = {}
         for _ in range(n_kv):
             key = _string(f)
