@@ -13,7 +13,13 @@ from respd.api.body import parse_body
 from respd.api.identity import owner_of
 from respd.api.providers import provider_headers
 from respd.api.quotas import stream_slot
-from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
+from respd.api.streaming import (
+    DeltaFrames,
+    EventStreamResponse,
+    after_wait,
+    sse_frame,
+    until_disconnect,
+)
 from respd.protocol.chat import ChatCompletionRequest
 from respd.protocol.errors import ServerError
 from respd.protocol.wire import wire
@@ -30,7 +36,16 @@ async def chat_completions(request: Request) -> Response:
     service: ChatService = request.app.state.chat
     body = await parse_body(request, ChatCompletionRequest)
     if body.stream:
+        models = request.app.state.models
         with stream_slot(request) as release:
+            if models.needs_load(body.model):  # the stream starts, and keeps alive, meanwhile
+                return after_wait(
+                    request,
+                    lambda: models.ready(body.model),
+                    lambda: _stream(request, service, body, lambda: None),
+                    lambda exc: sse_frame(exc.body()) + sse_frame("[DONE]"),
+                    on_close=release,
+                )
             return await _stream(request, service, body, release)
     prepared = await service.prepare(body, owner_of(request))
     completion = await until_disconnect(request, service.complete(prepared))

@@ -17,7 +17,14 @@ from respd.api.identity import owner_of
 from respd.api.providers import provider_headers
 from respd.api.query import include_param
 from respd.api.quotas import stream_slot
-from respd.api.streaming import DeltaFrames, EventStreamResponse, sse_frame, until_disconnect
+from respd.api.streaming import (
+    DeltaFrames,
+    EventStreamResponse,
+    after_wait,
+    sse_frame,
+    until_disconnect,
+)
+from respd.protocol.errors import APIError
 from respd.protocol.input_tokens import InputTokensRequest
 from respd.protocol.responses import CreateResponseRequest
 from respd.protocol.wire import wire
@@ -107,6 +114,12 @@ def _sse(
     )
 
 
+def _error_event(exc: APIError) -> bytes:
+    """A refusal once the stream has begun: Responses' `error` event."""
+    body = exc.body()["error"]
+    return sse_frame({**body, "type": "error", "sequence_number": 0}, "error")
+
+
 def _framed(
     request: Request, created: Answer | EventStream, release: Callable[[], None] | None = None
 ) -> Response:
@@ -126,11 +139,18 @@ async def create_response(request: Request) -> Response:
         data = _steerable(request).unpark(owner, data)
     body = validate_object(data, CreateResponseRequest, request.url.path)
     if body.stream:  # the service holds the caller's stream slot until the events close
-        created = await service.create(body, owner)
-        if isinstance(created, EventStream) and not body.background:
-            assert isinstance(data, dict)
-            created.events = _steerable(request).events(owner, data, body, created, _validate)
-        return _framed(request, created, getattr(created, "release", None))
+
+        async def start() -> Response:
+            created = await service.create(body, owner)
+            if isinstance(created, EventStream) and not body.background:
+                assert isinstance(data, dict)
+                created.events = _steerable(request).events(owner, data, body, created, _validate)
+            return _framed(request, created, getattr(created, "release", None))
+
+        models = request.app.state.models
+        if models.needs_load(body.model):  # the stream starts, and keeps alive, meanwhile
+            return after_wait(request, lambda: models.ready(body.model), start, _error_event)
+        return await start()
     created = await service.create(body, owner, until=lambda work: until_disconnect(request, work))
     return _framed(request, created)
 

@@ -15,8 +15,10 @@ from typing import Any, TypeVar
 import anyio
 import anyio.abc
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from respd.protocol.errors import APIError
 
 T = TypeVar("T")
 
@@ -178,3 +180,37 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
         task.cancel()
         raise ClientGone()
     return task.result()
+
+
+def after_wait(
+    request: Request,
+    wait: Callable[[], Awaitable[object]],
+    start: Callable[[], Awaitable[Response]],
+    error: Callable[[APIError], bytes],
+    on_close: Callable[[], None] | None = None,
+) -> EventStreamResponse:
+    """A stream that starts at once and keeps the connection alive while `wait` runs (a
+    model loading), then carries the stream `start` opens; a refusal before that is the
+    stream's own error frame (`error`), since its 200 has been sent."""
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            await wait()
+            inner = await start()
+        except APIError as exc:
+            yield error(exc)
+            return
+        assert isinstance(inner, EventStreamResponse)  # `start` opens a stream
+        source = inner._source
+        try:
+            async for frame in source:
+                yield frame
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            if inner._on_close is not None:
+                inner._on_close()
+
+    keepalive = request.app.state.sse_keepalive
+    return EventStreamResponse(frames(), keepalive=keepalive, on_close=on_close)

@@ -164,6 +164,15 @@ class ModelRegistry:
         finally:
             slot.last_used = self._clock()
 
+    def needs_load(self, model: str) -> bool:
+        """Whether `model` is a local model that is not loaded (an unknown id: False, so
+        the request meets its 404 the usual way)."""
+        try:
+            slot = self._local.get(self.resolve(model))
+        except APIError:
+            return False
+        return slot is not None and slot.engine is None
+
     def default_id(self) -> str:
         """The first model's id: what a request that names none (input token counts) uses."""
         return next(iter([*self._engines, *self._local]))

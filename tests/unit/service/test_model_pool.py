@@ -6,6 +6,7 @@ limits, pinned models kept, idle ones unloaded after their time to live, a faile
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from typing import Any
@@ -19,6 +20,7 @@ from respd.engines.base import Engine
 from respd.engines.fake import FakeEngine, Reply
 from respd.service.models import LocalModel, ModelRegistry, PoolLimits
 from respd.store import MemoryStore
+from tests.support.sdk_types import EVENT_ADAPTER
 
 
 class Loads:
@@ -196,3 +198,47 @@ def test_registry_refuses_an_id_served_twice() -> None:
     loads = Loads()
     with pytest.raises(ValueError, match="share the id"):
         ModelRegistry([FakeEngine(model_id="a")], local=[loads.model("a")])
+
+
+HELLO = [{"role": "user", "content": "hi"}]
+
+
+async def _raw_stream(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> str:
+    async with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        return "".join([chunk async for chunk in r.aiter_text()])
+
+
+async def test_a_stream_keeps_alive_while_its_model_loads() -> None:
+    loads = Loads(seconds=0.6)
+    http, _ = _app([loads.model("a"), loads.model("b")], sse_keepalive=0.1)
+    async with http:
+        text = await _raw_stream(http, "/v1/responses", {"model": "a", "input": "hi"})
+        assert text.index(": keep-alive") < text.index("response.created")
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        for event in events:
+            EVENT_ADAPTER.validate_python(event)
+        assert events[-1]["type"] == "response.completed"
+        chat = await _raw_stream(
+            http,
+            "/v1/chat/completions",
+            {"model": "b", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert chat.index(": keep-alive") < chat.index("chat.completion.chunk")
+        assert chat.rstrip().endswith("data: [DONE]") and "from b" in chat
+
+
+async def test_a_stream_whose_model_fails_to_load_ends_with_its_error() -> None:
+    http, _ = _app([LocalModel("bad", _broken)])
+    async with http:
+        text = await _raw_stream(http, "/v1/responses", {"model": "bad", "input": "hi"})
+        events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+        assert len(events) == 1
+        EVENT_ADAPTER.validate_python(events[0])
+        assert events[0]["type"] == "error" and events[0]["code"] == "model_load_failed"
+        chat = await _raw_stream(
+            http,
+            "/v1/chat/completions",
+            {"model": "bad", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert '"model_load_failed"' in chat and chat.rstrip().endswith("data: [DONE]")
