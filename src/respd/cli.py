@@ -9,7 +9,7 @@ from typing import Any, get_args, get_origin
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from respd import __version__, hub_cli, providers_cli
+from respd import __version__, hub_cli, models_cli, providers_cli
 from respd.config import Settings
 from respd.logs import configure_logging
 
@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(sub)
     providers_cli.add_parser(sub)
+    models_cli.add_parser(sub)
     hub_cli.add_parser(sub)
     return parser
 
@@ -129,5 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(serve(settings))
     if args.command == "providers":
         sys.exit(providers_cli.run(args))
+    if args.command == "models":
+        sys.exit(models_cli.run(args))
     if args.command == "pull":
         sys.exit(hub_cli.run(args))
