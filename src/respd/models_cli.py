@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -13,7 +12,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from respd.providers_cli import DEFAULT_URL
+from respd.operator_cli import add_server_args, api_url, auth_headers
 
 
 def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
@@ -26,23 +25,12 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )
     parser.add_argument("action", nargs="?", choices=["list", "load", "unload"], default="list")
     parser.add_argument("model", nargs="?", help="the model to load or unload")
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("RESPD_URL", DEFAULT_URL),
-        help=f"the server's base URL [env: RESPD_URL] [default: {DEFAULT_URL}]",
-    )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("RESPD_ADMIN_KEY"),
-        help="the server's --metrics-api-key (or an API key when it has none) "
-        "[env: RESPD_ADMIN_KEY]",
-    )
-    parser.add_argument("--json", action="store_true", help="print the JSON as the server sent it")
+    add_server_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    base = args.url.rstrip("/").removesuffix("/v1") + "/v1/models"
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    base = api_url(args, "/models")
+    headers = auth_headers(args)
     if args.action != "list" and not args.model:
         print(f"respd models {args.action}: name the model", file=sys.stderr)
         return 2

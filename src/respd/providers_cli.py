@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
@@ -13,7 +12,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+from respd.operator_cli import add_server_args, api_url, auth_headers
+
 COLUMNS = (
     ("model", "model"),
     ("provider", "provider"),
@@ -38,23 +38,12 @@ def add_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "provider of each routed model with its health, circuit state, requests, failures, "
         "fallbacks, measured latency and throughput.",
     )
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("RESPD_URL", DEFAULT_URL),
-        help=f"the server's base URL [env: RESPD_URL] [default: {DEFAULT_URL}]",
-    )
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("RESPD_ADMIN_KEY"),
-        help="the server's --metrics-api-key (or an API key when it has none) "
-        "[env: RESPD_ADMIN_KEY]",
-    )
-    parser.add_argument("--json", action="store_true", help="print the JSON as the server sent it")
+    add_server_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    url = args.url.rstrip("/").removesuffix("/v1") + "/v1/providers"
+    headers = auth_headers(args)
+    url = api_url(args, "/providers")
     try:
         response = httpx.get(url, headers=headers, timeout=10)
     except httpx.HTTPError as exc:

@@ -11,8 +11,7 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 
 from respd.config import embedded_model_path
 from tests.support.sdk_types import strict_response
-from tests.support.servers import RespdServer, start_server
+from tests.support.servers import RespdServer, start_server, wait_until
 
 TTL = 2
 
@@ -72,13 +71,6 @@ def _ask(client: openai.OpenAI, model: str) -> str:
     return body.output_text
 
 
-def _until(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)
-
-
 def test_models_load_on_first_use_and_the_least_recently_used_goes(pool: RespdServer) -> None:
     client = pool.client()
     # The pinned model was loaded at start; the others wait for their first request.
@@ -104,7 +96,7 @@ def test_models_load_on_first_use_and_the_least_recently_used_goes(pool: RespdSe
     }
     assert _card(pool, "delta")["context_window"] == 1024
     # delta's ttl unloads it once idle; the others have none.
-    _until(lambda: not _loaded(pool)["delta"], timeout=TTL + 10)
+    wait_until(lambda: not _loaded(pool)["delta"], timeout=TTL + 10)
     assert _loaded(pool)["alpha"] and _loaded(pool)["charlie"]
 
 

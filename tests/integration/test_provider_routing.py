@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.llama_server import llama_server, llama_server_binary
 from tests.support.sdk_types import strict_event, strict_response
-from tests.support.servers import MODEL_ID, RespdServer, start_server
+from tests.support.servers import MODEL_ID, RespdServer, start_server, wait_until
 
 PUBLIC = "hf/smollm2"
 COOLDOWN = 3
@@ -148,7 +148,7 @@ def test_the_upstreams_file_is_read_again_on_sighup(fleet: Fleet) -> None:
             + entry.format("solo", fleet.b.base_url, MODEL_ID, "team/other")
         )
         front.process.send_signal(signal.SIGHUP)
-        _until(lambda: _models(front) == {"team/smol": ["b1", "b2"], "team/other": ["solo"]})
+        wait_until(lambda: _models(front) == {"team/smol": ["b1", "b2"], "team/other": ["solo"]})
         r = httpx.post(
             front.base_url + "/v1/responses",
             json={"model": "team/smol", "input": "hi", "max_output_tokens": 8,
@@ -159,7 +159,7 @@ def test_the_upstreams_file_is_read_again_on_sighup(fleet: Fleet) -> None:
         # A file in error changes nothing.
         path.write_text("[[upstream]\n")
         front.process.send_signal(signal.SIGHUP)
-        _until(lambda: "upstreams not reloaded" in front.log())
+        wait_until(lambda: "upstreams not reloaded" in front.log())
         assert _models(front) == {"team/smol": ["b1", "b2"], "team/other": ["solo"]}
     finally:
         front.stop()
@@ -169,13 +169,6 @@ def test_the_upstreams_file_is_read_again_on_sighup(fleet: Fleet) -> None:
 def _models(server: RespdServer) -> dict[str, list[str]]:
     data = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
     return {m["id"]: m.get("providers") for m in data}
-
-
-def _until(check: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_killing_a_provider_moves_requests_to_the_next(fleet: Fleet) -> None:

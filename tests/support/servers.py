@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -123,3 +124,11 @@ def start_server(
         time.sleep(0.2)
     server.stop()
     raise RuntimeError(f"respd did not become healthy:\n{server.log()}")
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 30, what: str = "a condition") -> None:
+    """Poll `check` until it holds (a server's state that changes on its own time)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
