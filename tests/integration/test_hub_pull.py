@@ -219,4 +219,35 @@ def test_hf_token_is_sent(hub: HubImitation, tmp_path: Path) -> None:
     result = pull(hub, tmp_path, "owner/tiny:Q8_0", env={"HF_TOKEN": "hf_respdtest"})
     assert result.returncode == 0, result.stderr
     requests = hub.seen[seen:]
-    assert requests and {r.authorization for r in requests} == {"Bearer hf_respdtest"}
+    on_hub = [r for r in requests if not r.path.startswith("/cdn-lfs/")]
+    on_cdn = [r for r in requests if r.path.startswith("/cdn-lfs/")]
+    assert on_hub and {r.authorization for r in on_hub} == {"Bearer hf_respdtest"}
+    # The bytes come from the CDN's host, which never sees the token.
+    assert on_cdn and {r.authorization for r in on_cdn} == {None}
+
+
+def test_pull_in_process_reads_the_endpoint_when_called(
+    hub: HubImitation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """huggingface_hub was imported before `HF_ENDPOINT` was set here; the pull still goes
+    to the imitation hub."""
+    from respd import hub as respd_hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    pulled = respd_hub.pull("hf://owner/tiny:Q8_0", cache_dir=tmp_path, progress=False)
+    assert pulled.file == OTHER and pulled.sha256 == hub.repos["owner/tiny"][OTHER].sha256
+    assert pulled.mmproj_path == tmp_path / "owner--tiny" / PROJECTOR
+    path = respd_hub.resolve_model_ref("hf://owner/tiny:Q8_0", cache_dir=tmp_path)
+    assert path == pulled.path
+
+
+def test_the_imitation_answers_huggingface_hub_itself(hub: HubImitation, tmp_path: Path) -> None:
+    """The library's own download (HEAD, redirect, GET) and tree listing work against the
+    imitation, so it stays a faithful stand-in as the library changes."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    path = hf_hub_download("owner/tiny", MODEL, cache_dir=tmp_path, endpoint=hub.url)
+    assert sha256(Path(path).read_bytes()) == hub.repos["owner/tiny"][MODEL].sha256
+    listed = {f.path for f in HfApi(endpoint=hub.url).list_repo_tree("owner/tiny")}
+    assert listed == set(hub.repos["owner/tiny"])

@@ -2,10 +2,11 @@
 
 It answers the routes `huggingface_hub` (2.x) calls: the model info listing with file
 metadata (`/api/models/{repo}[/revision/{rev}]?blobs=true`), the tree listing, and
-`/{repo}/resolve/{rev}/{file}` with HEAD and GET, the hub's headers (`ETag` and
-`X-Linked-Etag` carrying an LFS file's sha256, `X-Repo-Commit`, `X-Linked-Size`) and `Range`
-(206). Every request is recorded. A test can cut one GET short (then answer 503 until
-`heal`), to leave a partial download behind, or serve altered bytes for a file."""
+`/{repo}/resolve/{rev}/{file}` with HEAD and GET and the hub's headers: `ETag`, and for an
+LFS file `X-Linked-Etag` (its sha256), `X-Linked-Size` and `X-Repo-Commit` on a redirect to
+a CDN route that serves the bytes, a `Range` answered by 206. Every request is recorded. A
+test can cut one GET short (then answer 503 until `heal`), to leave a partial download
+behind, or serve altered bytes for a file."""
 
 from __future__ import annotations
 
@@ -199,25 +200,42 @@ class HubImitation:
         return JSONResponse(entries)
 
     async def resolve(self, request: Request) -> Response:
+        """A file by its repository path. An LFS file is a redirect to the CDN, as on the
+        hub, with the file's checksum, size and commit on the redirect itself."""
         self._record(request)
         repo = f"{request.path_params['owner']}/{request.path_params['name']}"
         name = request.path_params["file"]
         f = self.repos.get(repo, {}).get(name)
         if f is None:
             return self._missing("repo" if repo not in self.repos else "entry")
+        headers = {"ETag": f'"{f.etag}"', "X-Repo-Commit": self.commit(repo)}
+        if not f.lfs:
+            return self._serve(request, f, name, headers)
+        headers |= {
+            "X-Linked-Etag": f'"{f.sha256}"',
+            "X-Linked-Size": str(len(f.data)),
+            # Another host name for the same server, as the hub's CDN is another host: the
+            # client follows it without the hub's token.
+            "Location": f"http://localhost:{self.port}/cdn-lfs/{repo}/{name}",
+        }
+        return Response(status_code=302, headers=headers)
+
+    async def cdn(self, request: Request) -> Response:
+        self._record(request)
+        repo = f"{request.path_params['owner']}/{request.path_params['name']}"
+        name = request.path_params["file"]
+        f = self.repos[repo][name]
+        return self._serve(request, f, name, {"ETag": f'"{f.sha256}"'})
+
+    def _serve(self, request: Request, f: HubFile, name: str, headers: dict[str, str]) -> Response:
+        """The file's bytes, or the part a `Range` asks for (206), with the faults set."""
         if name in self.broken:
             return Response("unavailable", status_code=503)
         data = f.data
         if name in self.corrupt:
             data = data[:-1] + bytes([data[-1] ^ 0xFF])
-        headers = {
-            "ETag": f'"{f.etag}"',
-            "X-Repo-Commit": self.commit(repo),
-            "Accept-Ranges": "bytes",
-        }
-        if f.lfs:
-            headers |= {"X-Linked-Etag": f'"{f.sha256}"', "X-Linked-Size": str(len(f.data))}
-        start, status = 0, 200
+        headers = {**headers, "Accept-Ranges": "bytes"}
+        status = 200
         if (spec := request.headers.get("range")) and spec.startswith("bytes="):
             first, _, last = spec.removeprefix("bytes=").partition("-")
             start, end = int(first or 0), int(last) if last else len(data) - 1
@@ -251,6 +269,7 @@ class HubImitation:
                 Route(f"/api/models{repo}", self.model_info),
                 Route(f"/api/models{repo}/revision/{{rev}}", self.model_info),
                 Route(f"/api/models{repo}/tree/{{rev}}", self.tree),
+                Route(f"/cdn-lfs{repo}/{{file:path}}", self.cdn, methods=["GET", "HEAD"]),
                 Route(
                     f"{repo}/resolve/{{rev}}/{{file:path}}", self.resolve, methods=["GET", "HEAD"]
                 ),
