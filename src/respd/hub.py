@@ -314,6 +314,8 @@ def _fetch(
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
+    if remote.name.startswith("/") or ".." in remote.name.split("/"):
+        raise HubError(f"the hub listed a file outside the repository: {remote.name!r}")
     final = repo_dir / remote.name
     expected = remote.sha256 or remote.git_sha1
     if expected is None:
@@ -356,17 +358,18 @@ def _fetch(
                 f"{remote.name}: download interrupted after {f.tell():,} of {remote.size:,} "
                 f"bytes ({exc}); pull again to resume"
             ) from exc
-    sha256, git_sha1 = _digests(partial)
-    got = sha256 if remote.sha256 else git_sha1
-    if got != expected:
-        partial.unlink(missing_ok=True)
-        raise HubError(
-            f"{remote.name}: checksum mismatch (expected {expected}, got {got}); the download "
-            "was deleted, nothing was cached: pull again, and if it fails the same way, the "
-            "hub or a mirror between is serving altered bytes"
-        )
-    _write_meta(repo_dir, remote, (sha256, git_sha1), commit)
-    os.replace(partial, final)
+        # Checked and moved while the lock is held, so no second pull appends meanwhile.
+        sha256, git_sha1 = _digests(partial)
+        got = sha256 if remote.sha256 else git_sha1
+        if got != expected:
+            partial.unlink(missing_ok=True)
+            raise HubError(
+                f"{remote.name}: checksum mismatch (expected {expected}, got {got}); the "
+                "download was deleted, nothing was cached: pull again, and if it fails the "
+                "same way, the hub or a mirror between is serving altered bytes"
+            )
+        _write_meta(repo_dir, remote, (sha256, git_sha1), commit)
+        os.replace(partial, final)
     say(f"{remote.name}: sha256 {sha256} verified")
     return final, sha256
 

@@ -190,3 +190,20 @@ def test_offline_pull_of_an_uncached_repo_fails_clearly(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(hub.HubError, match=r"not in the cache .* offline"):
         hub.resolve_model_ref("hf://owner/name:Q4_K_M", cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../evil.gguf", "a/../../evil.gguf", "/etc/evil.gguf"])
+def test_a_listed_name_outside_the_repository_is_refused(name: str, tmp_path: Path) -> None:
+    """A hostile mirror's listing cannot make a pull write outside the cache."""
+    remote = hub._Remote(name, 4, "0" * 64, None)
+    with pytest.raises(hub.HubError, match="outside the repository"):
+        hub._fetch(
+            "o/n",
+            None,
+            remote,
+            tmp_path / "o--n",
+            endpoint="http://127.0.0.1:9",
+            progress=False,
+            say=print,
+        )
+    assert not any(tmp_path.iterdir())
