@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from respd.config import Settings
-from respd.config.engine import alias_from_path, model_file
+from respd.config.engine import alias_from_path, alias_from_ref, model_files
 from respd.engines.base import Engine
 from respd.service.models import LocalModel
 
@@ -61,12 +61,6 @@ class ModelEntry:
     primary: bool = False  # the first --model: the server-wide --mmproj is its projector
 
 
-def _alias_of(ref: str) -> str:
-    if ref.startswith("hf://"):
-        return ref.removeprefix("hf://").split(":")[0].rpartition("/")[2].lower()
-    return alias_from_path(Path(ref))
-
-
 def read_presets(path: Path) -> list[ModelPreset]:
     try:
         data = tomllib.loads(path.expanduser().read_text())
@@ -94,7 +88,7 @@ def model_entries(settings: Settings) -> list[ModelEntry]:
         entries[entry.alias] = entry
 
     for i, (alias, ref) in enumerate(settings.model_entries()):
-        add(ModelEntry(alias or _alias_of(ref), ref, primary=i == 0))
+        add(ModelEntry(alias or alias_from_ref(ref), ref, primary=i == 0))
     if settings.models_dir is not None:
         folder = settings.models_dir.expanduser()
         if not folder.is_dir():
@@ -169,9 +163,11 @@ def local_models(settings: Settings, load: Callable[[Settings], Engine]) -> list
     models = []
     for entry in model_entries(settings):
         try:
-            path = model_file(entry.ref)
+            path, projector = model_files(entry.ref)
         except Exception as exc:  # an hf:// model that cannot be pulled
             raise ModelsError(f"model {entry.alias}: {exc}") from None
+        if projector is not None:  # pulled with it, unless a preset names another
+            entry.settings.setdefault("mmproj", projector)
         if not path.is_file():
             raise ModelsError(f"model {entry.alias}: file not found: {path}")
         own = entry_settings(settings, entry, path)

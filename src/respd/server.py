@@ -144,10 +144,12 @@ def pool_limits(settings: Settings) -> PoolLimits:
 
 
 def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
-    path = settings.model_path()
+    try:
+        path, mmproj = settings.model_files()
+    except Exception as exc:  # an hf:// model that cannot be pulled (a HubError, a network error)
+        raise SystemExit(f"respd: cannot get the model: {exc}") from None
     if not path.is_file():
         raise SystemExit(f"respd: model file not found: {path}")
-    mmproj = settings.mmproj.expanduser() if settings.mmproj else None
     if mmproj is not None and not mmproj.is_file():
         raise SystemExit(f"respd: projector file not found: {mmproj}")
     template = settings.chat_template.read_text() if settings.chat_template else None

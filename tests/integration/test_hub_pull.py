@@ -251,3 +251,30 @@ def test_the_imitation_answers_huggingface_hub_itself(hub: HubImitation, tmp_pat
     assert sha256(Path(path).read_bytes()) == hub.repos["owner/tiny"][MODEL].sha256
     listed = {f.path for f in HfApi(endpoint=hub.url).list_repo_tree("owner/tiny")}
     assert listed == set(hub.repos["owner/tiny"])
+
+
+def test_serve_pulls_an_hf_model_with_its_projector(hub: HubImitation, tmp_path: Path) -> None:
+    """`respd serve --model hf://…` pulls at start, serves the model under its repo's name,
+    and loads the projector that came with it; a second, offline start needs no hub."""
+    env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(tmp_path / "hf-home"),
+        "RESPD_HUB_CACHE": str(tmp_path / "cache"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    for extra in ({}, {"HF_HUB_OFFLINE": "1"}):
+        srv = start_server(
+            tmp_path, "--model", "hf://owner/tiny:Q8_0", preset="compact", env={**env, **extra}
+        )
+        try:
+            client = srv.client()
+            card = client.models.list().data[0]
+            assert card.id == "tiny"
+            assert (card.model_extra or {})["input_modalities"] == ["text", "image"]
+            answer = client.responses.create(model="tiny", input="Hello", max_output_tokens=4)
+            assert answer.status in ("completed", "incomplete")
+        finally:
+            srv.stop()
+        srv.assert_no_5xx()
+    downloads = [seen for seen in hub.gets(OTHER) if "/resolve/" in seen.path]
+    assert len(downloads) == 1  # pulled once, then found in the cache

@@ -49,14 +49,24 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
-def model_file(ref: str) -> Path:
-    """A --model reference's local file: the path itself, or an hf:// model pulled into
-    (or found in) respd's hub cache."""
+def model_files(ref: str) -> tuple[Path, Path | None]:
+    """A --model reference's local file and the projector that came with it: the path
+    itself (no projector), or an hf:// model pulled into (or found in) respd's hub cache
+    with its repo's mmproj, if it has one."""
     if not ref.startswith("hf://"):
-        return Path(ref).expanduser()
-    from respd.hub import resolve_model_ref  # imports huggingface_hub: only when asked
+        return Path(ref).expanduser(), None
+    from respd.hub import pull  # imports huggingface_hub: only when asked
 
-    return resolve_model_ref(ref)
+    pulled = pull(ref)
+    return pulled.path, pulled.mmproj_path
+
+
+def alias_from_ref(ref: str) -> str:
+    """The model id a --model reference is served under without an alias."""
+    if ref.startswith("hf://"):  # hf://owner/SmolLM2-135M-Instruct-GGUF:Q8_0
+        name = ref.removeprefix("hf://").split(":")[0].rpartition("/")[2].lower()
+        return name.removesuffix("-gguf")
+    return alias_from_path(Path(ref).expanduser())
 
 
 def alias_from_path(path: Path) -> str:
@@ -255,19 +265,25 @@ class EngineConfig(BaseModel):
                 entries.append((None, text))
         return entries
 
-    def model_path(self) -> Path:
-        """The first --model's file (pulled from the hub when it names one)."""
+    def model_files(self) -> tuple[Path, Path | None]:
+        """The first --model's file (pulled from the hub when it names one) and its
+        projector: --mmproj, else the one pulled with it."""
+        mmproj = self.mmproj.expanduser() if self.mmproj else None
         if not self.model:
-            return embedded_model_path()
-        return model_file(self.model_entries()[0][1])
+            return embedded_model_path(), mmproj
+        path, pulled = model_files(self.model_entries()[0][1])
+        return path, mmproj or pulled
+
+    def model_path(self) -> Path:
+        return self.model_files()[0]
 
     def resolved_alias(self) -> str:
         if self.model_alias:
             return self.model_alias
         entries = self.model_entries()
-        if entries and entries[0][0]:
-            return str(entries[0][0])
-        return alias_from_path(self.model_path())
+        if entries:
+            return entries[0][0] or alias_from_ref(entries[0][1])
+        return alias_from_path(embedded_model_path())
 
     def embedders(self, chat_model_id: str | None) -> list[Embedder]:
         """What answers /v1/embeddings: --embedding-model, and the local chat model (its
