@@ -345,7 +345,8 @@ class ModelRegistry:
 
     def close(self) -> None:
         if self._housekeeper is not None:
-            self._housekeeper.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop may be closed already
+                self._housekeeper.cancel()
         for engine in self._engines.values():
             engine.close()
         for slot in self._local.values():
