@@ -161,3 +161,20 @@ def test_a_models_file_in_error_stops_start_up(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode != 0 and "colour" in done.stderr
+
+
+async def test_an_unloaded_engine_refuses_late_requests() -> None:
+    """A request that looked its model up just before the model was unloaded is refused
+    (a 503 to retry, upstream), never run on the freed model."""
+    from respd.engines.base import EngineBusy, PromptRequest, SamplingParams
+    from respd.engines.llamacpp import LlamaCppEngine
+    from respd.engines.messages import ChatMessage
+
+    engine = LlamaCppEngine(embedded_model_path(), model_id="late", n_ctx=512, n_threads=2)
+    request = PromptRequest([ChatMessage("user", "hi")])
+    prompt = await engine.prepare(request)
+    engine.close()
+    with pytest.raises(EngineBusy, match="unloaded"):
+        await engine.prepare(request)
+    with pytest.raises(EngineBusy, match="unloaded"):
+        engine.generate(prompt, SamplingParams(max_tokens=2))

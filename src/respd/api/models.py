@@ -177,11 +177,11 @@ async def health(request: Request) -> JSONResponse:
             for m, s in stats.items()
         }
     healthy = all(s.healthy for s in stats.values())
-    first = engines[0]
+    first = _models(request).default_id()  # a local model not loaded has no stats yet
     body: dict[str, Any] = {
         "status": "ok" if healthy else "unhealthy",
-        "model": first.model_id,
-        "engine": stats[first.model_id].as_dict(),
+        "model": first,
+        "engine": stats[first].as_dict() if first in stats else None,
         "engines": {model: s.as_dict() for model, s in stats.items()},
     }
     cache: MediaCache | None = getattr(request.app.state, "media_cache", None)

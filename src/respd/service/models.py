@@ -21,8 +21,9 @@ from respd.protocol.errors import APIError, model_not_found
 log = logging.getLogger(__name__)
 
 # A model used this recently is not unloaded: its request may not have reached the engine
-# yet (it was looked up, its input is still being prepared).
-IN_USE_GRACE_SECS = 2.0
+# yet (it was looked up, its input is still being prepared). Should one be unloaded even so,
+# the engine refuses the late request with a 503 to retry, never runs it on freed memory.
+IN_USE_GRACE_SECS = 0.5
 HOUSEKEEPING_SECS = 1.0
 WAIT_FOR_ROOM_SECS = 60.0
 

@@ -77,6 +77,8 @@ async def test_models_load_on_first_use_and_are_listed_either_way() -> None:
     http, _ = _app([loads.model("a"), loads.model("b", vision=True)])
     async with http:
         assert await _listed(http) == {"a": False, "b": False}
+        health = await http.get("/health")  # healthy with nothing loaded yet
+        assert health.status_code == 200 and health.json()["engines"] == {}
         r = await _ask(http, "a")
         assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "from a"
         assert await _listed(http) == {"a": True, "b": False}

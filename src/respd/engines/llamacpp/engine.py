@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -44,6 +45,7 @@ from llama_cpp._logger import set_verbose as set_llama_verbose
 from respd.engines import defaults
 from respd.engines.base import (
     ChatMessage,
+    EngineBusy,
     EngineStats,
     GenerationDone,
     GenerationStream,
@@ -131,6 +133,10 @@ class LlamaCppEngine:
         inline on the worker between steps with `n_threads`."""
         self.model_id = model_id
         self.model_path = model_path
+        # Closing waits for prompts being built; none start once it has begun.
+        self._use = threading.Lock()
+        self._closed = False
+        self._building = 0
         self.vision = False
         self.parallel = parallel
         self.max_queue = max_queue
@@ -329,7 +335,20 @@ class LlamaCppEngine:
         return Prompt(PromptRequest([]), [], len(tokens), tokens=list(tokens), images=list(images))
 
     async def prepare(self, request: PromptRequest) -> Prompt:
-        return await asyncio.to_thread(self.build_prompt, request)
+        return await asyncio.to_thread(self._guarded_build, request)
+
+    def _guarded_build(self, request: PromptRequest) -> Prompt:
+        """`build_prompt`, refused once the engine is closing (a model unloaded between a
+        request's lookup and its prompt); `close` waits for those under way."""
+        with self._use:
+            if self._closed:
+                raise EngineBusy(f"the model {self.model_id} was unloaded; retry")
+            self._building += 1
+        try:
+            return self.build_prompt(request)
+        finally:
+            with self._use:
+                self._building -= 1
 
     def build_prompt(self, request: PromptRequest) -> Prompt:
         """`prepare`, synchronously: render, fit, and compile the constraint to GBNF."""
@@ -443,6 +462,8 @@ class LlamaCppEngine:
         """Admit a request now (raising `EngineBusy` when slots and queue are full) and
         return its event stream; closing the stream cancels the request. `retain`: the
         slot's KV, once saved to the tiers, goes after every other entry there."""
+        if self._closed:
+            raise EngineBusy(f"the model {self.model_id} was unloaded; retry")
         spans = self._image_spans(prompt.tokens, prompt.images)
         constraint = prompt.request.constraint
         job = Job(
@@ -486,6 +507,13 @@ class LlamaCppEngine:
         return cached
 
     def close(self) -> None:
+        with self._use:
+            self._closed = True
+        while True:  # prompts being built read the model: they finish first (milliseconds)
+            with self._use:
+                if not self._building:
+                    break
+            time.sleep(0.005)
         self._worker.stop()
         if self._kv_tier is not None:
             # With a disk tier, what the slots hold survives the restart too (only once

@@ -152,6 +152,8 @@ async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
         prompt = await engine.prepare(request)
     except NoRoute as exc:
         raise no_route_error(exc) from exc
+    except EngineBusy as exc:  # a model unloaded while its prompt was being prepared
+        raise _overloaded(exc) from exc
     except PromptTooLong as exc:
         if exc.truncated:
             message = (
@@ -181,6 +183,16 @@ async def prepare(engine: Engine, spec: GenerationSpec) -> PreparedGeneration:
         ) from exc
     names = frozenset(t.name for t in plan.tools)
     return PreparedGeneration(engine, spec, prompt, names, plan.max_calls)
+
+
+def _overloaded(exc: EngineBusy) -> APIError:
+    return APIError(
+        f"The server is overloaded: {exc}. Please retry shortly.",
+        status_code=503,
+        error_type="server_error",
+        code="server_is_overloaded",
+        headers={"retry-after": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 class Run:
@@ -337,13 +349,7 @@ def run(prepared: PreparedGeneration, runs: ActiveRuns | None = None) -> Run:
         else:
             stream = gate.open(engine.model_id, start, prepared.prompt_tokens)
     except EngineBusy as exc:
-        raise APIError(
-            f"The server is overloaded: {exc}. Please retry shortly.",
-            status_code=503,
-            error_type="server_error",
-            code="server_is_overloaded",
-            headers={"retry-after": str(RETRY_AFTER_SECONDS)},
-        ) from exc
+        raise _overloaded(exc) from exc
     if prompts_logged():
         turns = [{"role": m.role, "content": m.text} for m in prepared.prompt.messages]
         log.info("prompt (%d tokens): %s", prepared.prompt_tokens, json.dumps(turns))
