@@ -1,4 +1,5 @@
-"""`respd` command line: a thin shell that maps flags onto `Settings` and starts the app."""
+"""`respd` command line: `serve` maps flags onto `Settings` and starts the app; the other
+commands (one module each here) pull models or talk to a running server."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, get_args, get_origin
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from respd import __version__, hub_cli, models_cli, providers_cli
+from respd import __version__
+from respd.cli import models, providers, pull
 from respd.config import Settings
 from respd.logs import configure_logging
 
@@ -81,9 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"respd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve_parser(sub)
-    providers_cli.add_parser(sub)
-    models_cli.add_parser(sub)
-    hub_cli.add_parser(sub)
+    providers.add_parser(sub)
+    models.add_parser(sub)
+    pull.add_parser(sub)
     return parser
 
 
@@ -129,8 +131,8 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(serve(settings))
     if args.command == "providers":
-        sys.exit(providers_cli.run(args))
+        sys.exit(providers.run(args))
     if args.command == "models":
-        sys.exit(models_cli.run(args))
+        sys.exit(models.run(args))
     if args.command == "pull":
-        sys.exit(hub_cli.run(args))
+        sys.exit(pull.run(args))

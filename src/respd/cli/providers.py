@@ -12,7 +12,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from respd.operator_cli import add_server_args, api_url, auth_headers
+from respd.cli.remote import add_server_args, api_url, auth_headers
 
 COLUMNS = (
     ("model", "model"),
