@@ -144,7 +144,7 @@ async def load_model(request: Request, model_id: str) -> dict[str, Any]:
     """Load a local model now (operators' route); its card once loaded."""
     require_operator(request)
     models = _models(request)
-    await models.load(model_id)
+    await models.ready(model_id)
     return await get_model(request, models.resolve(model_id))
 
 

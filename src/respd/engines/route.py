@@ -50,12 +50,6 @@ class RouteReport:
     failed: list[ProviderFailure] = field(default_factory=list)
     cost: float | None = None
 
-    def header(self) -> str:
-        """The `x-respd-provider` header value: the provider, then those that failed."""
-        if not self.failed:
-            return self.provider
-        return f"{self.provider}; failed={','.join(f.provider for f in self.failed)}"
-
     def wire(self) -> dict[str, object]:
         """The response's `provider` field."""
         return {

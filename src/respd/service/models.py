@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from respd.engines.base import Engine
 from respd.protocol.errors import APIError, model_not_found
@@ -80,8 +80,6 @@ class ModelState:
     local: LocalModel | None = None
     loads: int = 0
     error: str | None = None
-    idle_secs: float | None = None
-    extra: dict[str, object] = field(default_factory=dict)
 
 
 class ModelRegistry:
@@ -131,21 +129,6 @@ class ModelRegistry:
                 return named[0]
         raise model_not_found(model)
 
-    def get(self, model: str) -> Engine:
-        """The engine serving `model` now; an unknown id is OpenAI's 404, a local model
-        not loaded a 503 (callers that may load it use `ready`)."""
-        model_id = self.resolve(model)
-        engine = self._engines.get(model_id)
-        if engine is None:
-            slot = self._local[model_id]
-            if slot.engine is None:
-                raise ModelLoadFailed(
-                    f"The model {model_id} is not loaded.", code="model_not_loaded"
-                )
-            slot.last_used = self._clock()
-            engine = slot.engine
-        return engine
-
     async def ready(self, model: str) -> Engine:
         """The engine serving `model`, loaded first when it is a local model not loaded
         (a failed load is a 503 naming the model and why)."""
@@ -178,9 +161,6 @@ class ModelRegistry:
         """The first model's id: what a request that names none (input token counts) uses."""
         return next(iter([*self._engines, *self._local]))
 
-    def default(self) -> Engine:
-        return self.get(self.default_id())
-
     def __iter__(self) -> Iterator[Engine]:
         """The engines serving now (fixed ones and loaded local ones)."""
         loaded = [s.engine for s in self._local.values() if s.engine is not None]
@@ -188,13 +168,9 @@ class ModelRegistry:
 
     def states(self) -> list[ModelState]:
         """Every model, loaded or not, in the order they were given."""
-        now = self._clock()
         states = [ModelState(m, e) for m, e in self._engines.items()]
         for model_id, slot in self._local.items():
-            idle = now - slot.last_used if slot.engine is not None else None
-            states.append(
-                ModelState(model_id, slot.engine, slot.model, slot.loads, slot.error, idle)
-            )
+            states.append(ModelState(model_id, slot.engine, slot.model, slot.loads, slot.error))
         return states
 
     def replace(self, old_ids: Iterable[str], engines: Iterable[Engine]) -> None:
@@ -220,10 +196,6 @@ class ModelRegistry:
 
     def local_models(self) -> list[LocalModel]:
         return [slot.model for slot in self._local.values()]
-
-    async def load(self, model: str) -> Engine:
-        """Load a local model now (an admin's request)."""
-        return await self.ready(model)
 
     async def unload(self, model: str) -> bool:
         """Unload a local model now, unless it runs a request (a 409 then); False when it

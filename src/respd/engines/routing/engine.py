@@ -50,10 +50,10 @@ def _native(provider: Provider, constraint: Constraint | None) -> bool:
 
 @dataclass
 class _Plan:
-    """The providers a prepared generation may use, in order, each with its own prompt."""
+    """The providers a prepared generation may use, in order, each with its own prompt
+    (one alone when the request allows no fallback)."""
 
     entries: list[tuple[Provider, Prompt]]
-    allow_fallbacks: bool
 
 
 class RoutedEngine:
@@ -148,7 +148,7 @@ class RoutedEngine:
         if not entries:
             raise refusals[0]
         first = entries[0][1]
-        plan = _Plan(entries, route.allow_fallbacks)
+        plan = _Plan(entries)
         return Prompt(
             request,
             first.messages,
