@@ -71,6 +71,7 @@ class Upstreams:
         self._providers: dict[UpstreamSpec, Provider] = {}
         self._plain: dict[UpstreamSpec, UpstreamEngine] = {}
         self.model_ids: list[str] = []  # the ids the last build served
+        self._reloading = threading.Lock()
 
     def specs(self) -> list[UpstreamSpec]:
         """The flag's entries, then the file's."""
@@ -141,6 +142,34 @@ class Upstreams:
             breaker=Breaker(s.provider_breaker_failures, s.provider_breaker_cooldown_secs),
         )
 
+    def _reload(
+        self,
+        registry: ModelRegistry,
+        on_loop: Callable[[Callable[[], None]], None],
+        on_replaced: Callable[[list[Engine]], None] | None,
+    ) -> None:
+        before = (self._plain, self._providers, self.model_ids)
+        old = _engines_of(self._plain, self._providers)
+        try:
+            engines = self.build(self.specs())
+            registry.replace(before[2], engines)
+        except (UpstreamsError, ValueError) as exc:
+            # What this build made is dropped, what was in force stays in force.
+            made = _engines_of(self._plain, self._providers)
+            self._plain, self._providers, self.model_ids = before
+            for engine in made:
+                if all(engine is not kept for kept in old):
+                    on_loop(engine.close)
+            log.error("upstreams not reloaded: %s", exc)
+            return
+        if on_replaced is not None:
+            on_replaced(engines)
+        now = _engines_of(self._plain, self._providers)
+        for engine in old:
+            if all(engine is not kept for kept in now):
+                on_loop(engine.close)
+        log.info("upstreams reloaded: %s", ", ".join(e.model_id for e in engines))
+
     def reload(
         self,
         registry: ModelRegistry,
@@ -152,32 +181,16 @@ class Upstreams:
         error is logged and changes nothing."""
 
         def work() -> None:
-            old = {id(e) for e in self._plain.values()} | {
-                id(p.engine) for p in self._providers.values()
-            }
-            keep = [*self._plain.values(), *(p.engine for p in self._providers.values())]
-            before = self.model_ids
-            try:
-                engines = self.build(self.specs())
-            except UpstreamsError as exc:
-                log.error("upstreams not reloaded: %s", exc)
-                return
-            try:
-                registry.replace(before, engines)
-            except ValueError as exc:
-                log.error("upstreams not reloaded: %s", exc)
-                return
-            if on_replaced is not None:
-                on_replaced(engines)
-            now = {id(e) for e in self._plain.values()} | {
-                id(p.engine) for p in self._providers.values()
-            }
-            for engine in keep:
-                if id(engine) in old - now:
-                    on_loop(engine.close)
-            log.info("upstreams reloaded: %s", ", ".join(e.model_id for e in engines))
+            with self._reloading:  # two hang-ups in a row: one reload after the other
+                self._reload(registry, on_loop, on_replaced)
 
         threading.Thread(target=work, name="respd-upstreams", daemon=True).start()
+
+
+def _engines_of(
+    plain: dict[UpstreamSpec, UpstreamEngine], providers: dict[UpstreamSpec, Provider]
+) -> list[Engine]:
+    return [*plain.values(), *(p.engine for p in providers.values())]
 
 
 def loop_caller() -> Callable[[Callable[[], None]], None]:
