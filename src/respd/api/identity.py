@@ -197,15 +197,27 @@ def operator_route(path: str) -> bool:
     return path.startswith("/v1/models/") and path.endswith(("/load", "/unload"))
 
 
+def require_metrics_key(request: HTTPConnection) -> bool:
+    """With `--metrics-api-key` set, the request must present it (else a 401); returns
+    whether one is set."""
+    key: str | None = getattr(request.app.state, "metrics_api_key", None)
+    if key is None:
+        return False
+    presented = presented_key(dict(request.scope.get("headers") or []))
+    if presented is None or not hmac.compare_digest(presented.encode(), key.encode()):
+        raise Unauthorized()
+    return True
+
+
 def require_operator(request: HTTPConnection) -> None:
     """Operators' routes (the routing table, loading models): with `--metrics-api-key` set
     only that key passes, else any API key the server takes (any caller on a server
     without keys). Such routes are public to the key middleware and call this."""
-    presented = presented_key(dict(request.scope.get("headers") or []))
-    operator: str | None = getattr(request.app.state, "metrics_api_key", None)
+    if require_metrics_key(request):
+        return
     keys: KeyRing = request.app.state.keys
-    if operator is not None:
-        if presented is None or not hmac.compare_digest(presented.encode(), operator.encode()):
-            raise Unauthorized()
-    elif keys.enabled and keys.identify(presented) is None:
+    if (
+        keys.enabled
+        and keys.identify(presented_key(dict(request.scope.get("headers") or []))) is None
+    ):
         raise Unauthorized()

@@ -9,7 +9,6 @@ their route template, so label values stay bounded whatever paths clients send.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 
@@ -26,7 +25,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from respd.api.identity import Unauthorized, presented_key
+from respd.api.identity import require_metrics_key
 from respd.api.routes import add_routes
 from respd.engines.base import Detail, Engine, detail_of
 from respd.engines.routing import RoutedEngine
@@ -359,11 +358,7 @@ class MetricsMiddleware:
 
 @router.get("/metrics", include_in_schema=False)
 async def scrape(request: Request) -> Response:
-    key: str | None = request.app.state.metrics_api_key
-    if key is not None:
-        presented = presented_key(dict(request.scope.get("headers") or []))
-        if presented is None or not hmac.compare_digest(presented.encode(), key.encode()):
-            raise Unauthorized()
+    require_metrics_key(request)
     body = await request.app.state.metrics.exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
