@@ -487,11 +487,20 @@ def pull(
     return PulledModel(path, fetched[mmproj][0] if mmproj else None, ref.repo, model, sha256)
 
 
+def resolve_model_files(
+    text: str, *, cache_dir: str | Path | None = None, offline: bool = False
+) -> tuple[Path, Path | None]:
+    """A `--model` value as local files: `hf://…` is pulled (or found in the cache), its
+    GGUF's path returned with the projector pulled beside it (if the repo has one);
+    anything else is a path already, with no projector."""
+    if not text.startswith(SCHEME):
+        return Path(text).expanduser(), None
+    pulled = pull(parse_ref(text), cache_dir=cache_dir, offline=offline)
+    return pulled.path, pulled.mmproj_path
+
+
 def resolve_model_ref(
     text: str, *, cache_dir: str | Path | None = None, offline: bool = False
 ) -> Path:
-    """A `--model` value as a local path: `hf://…` is pulled (or found in the cache) and
-    its GGUF's path returned; anything else is a path already."""
-    if not text.startswith(SCHEME):
-        return Path(text).expanduser()
-    return pull(parse_ref(text), cache_dir=cache_dir, offline=offline).path
+    """A `--model` value as a local path (see `resolve_model_files`)."""
+    return resolve_model_files(text, cache_dir=cache_dir, offline=offline)[0]

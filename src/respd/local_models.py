@@ -13,8 +13,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from respd.config import Settings
-from respd.config.engine import alias_from_path, alias_from_ref, model_files
+from respd.config.engine import alias_from_path, alias_from_ref
 from respd.engines.base import Engine
+from respd.hub import resolve_model_files
 from respd.service.models import LocalModel
 
 
@@ -163,7 +164,7 @@ def local_models(settings: Settings, load: Callable[[Settings], Engine]) -> list
     models = []
     for entry in model_entries(settings):
         try:
-            path, projector = model_files(entry.ref)
+            path, projector = resolve_model_files(entry.ref)
         except Exception as exc:  # an hf:// model that cannot be pulled
             raise ModelsError(f"model {entry.alias}: {exc}") from None
         if projector is not None:  # pulled with it, unless a preset names another

@@ -218,15 +218,14 @@ def admission_gate(settings: Settings, models: ModelRegistry) -> AdmissionGate:
     sequences; an upstream's connections (it queues on its side too)."""
     from respd.service.generation.admission import AdmissionGate
 
-    return AdmissionGate(settings.parallel, settings.max_queue, remote_slots(settings, models))
+    local = {m.model_id: m.slots or settings.parallel for m in models.local_models()}
+    slots = local | remote_slots(settings, models)
+    return AdmissionGate(settings.parallel, settings.max_queue, slots)
 
 
 def remote_slots(settings: Settings, engines: Iterable[Engine]) -> dict[str, int]:
     """An upstream's slots are its connections; a routed model's, its providers'."""
     slots: dict[str, int] = {}
-    if isinstance(engines, ModelRegistry):
-        for model in engines.local_models():
-            slots[model.model_id] = model.slots or settings.parallel
     for engine in engines:
         if isinstance(engine, UpstreamEngine):
             slots[engine.model_id] = engine.max_concurrency
@@ -244,7 +243,10 @@ def load_embedders(settings: Settings, models: ModelRegistry) -> list[Embedder]:
         path = settings.embedding_model.expanduser()
         if not path.is_file():
             raise SystemExit(f"respd: embedding model file not found: {path}")
-    local = next((e.model_id for e in models if isinstance(e, LlamaCppEngine)), None)
+    # The loaded chat model's own file: never fetched again, and the right one among several.
+    local = next(
+        ((e.model_path, e.model_id) for e in models if isinstance(e, LlamaCppEngine)), None
+    )
     upstreams: list[Embedder] = [e for e in models if isinstance(e, UpstreamEngine)]
     embedders = [*settings.embedders(local), *upstreams]
     ids = [e.model_id for e in embedders]

@@ -49,18 +49,6 @@ def default_threads() -> int:
     return max(1, cores - 1)
 
 
-def model_files(ref: str) -> tuple[Path, Path | None]:
-    """A --model reference's local file and the projector that came with it: the path
-    itself (no projector), or an hf:// model pulled into (or found in) respd's hub cache
-    with its repo's mmproj, if it has one."""
-    if not ref.startswith("hf://"):
-        return Path(ref).expanduser(), None
-    from respd.hub import pull  # imports huggingface_hub: only when asked
-
-    pulled = pull(ref)
-    return pulled.path, pulled.mmproj_path
-
-
 def alias_from_ref(ref: str) -> str:
     """The model id a --model reference is served under without an alias."""
     if ref.startswith("hf://"):  # hf://owner/SmolLM2-135M-Instruct-GGUF:Q8_0
@@ -271,11 +259,10 @@ class EngineConfig(BaseModel):
         mmproj = self.mmproj.expanduser() if self.mmproj else None
         if not self.model:
             return embedded_model_path(), mmproj
-        path, pulled = model_files(self.model_entries()[0][1])
-        return path, mmproj or pulled
+        from respd.hub import resolve_model_files  # huggingface_hub only once it pulls
 
-    def model_path(self) -> Path:
-        return self.model_files()[0]
+        path, pulled = resolve_model_files(self.model_entries()[0][1])
+        return path, mmproj or pulled
 
     def resolved_alias(self) -> str:
         if self.model_alias:
@@ -285,14 +272,14 @@ class EngineConfig(BaseModel):
             return entries[0][0] or alias_from_ref(entries[0][1])
         return alias_from_path(embedded_model_path())
 
-    def embedders(self, chat_model_id: str | None) -> list[Embedder]:
+    def embedders(self, chat_model: tuple[Path, str] | None) -> list[Embedder]:
         """What answers /v1/embeddings: --embedding-model, and the local chat model (its
-        embedding context is loaded only when first asked)."""
+        file and id; its embedding context is loaded only when first asked)."""
         from respd.engines.llamacpp.embedder import LlamaEmbedder  # loads llama.cpp
 
         sources: list[tuple[Path, str]] = []
-        if chat_model_id is not None:
-            sources.append((self.model_path(), chat_model_id))
+        if chat_model is not None:
+            sources.append(chat_model)
         if self.embedding_model is not None:
             path = self.embedding_model.expanduser()
             sources.append((path, alias_from_path(path)))
