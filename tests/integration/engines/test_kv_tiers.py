@@ -55,6 +55,12 @@ def plain() -> Iterator[LlamaCppEngine]:
     eng.close()
 
 
+def indexed(engine: LlamaCppEngine) -> None:
+    """Wait for the disk tier's start-up scan (it runs in the background)."""
+    tier = engine._kv_tier
+    assert tier is not None and tier.wait_indexed(30)
+
+
 def run(engine: LlamaCppEngine, messages: list[ChatMessage]) -> tuple[str, GenerationDone, int]:
     """Greedy text, the done event and the prompt's token count."""
 
@@ -148,6 +154,7 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
     assert first.stats().all_details()["kv_cache_disk_bytes"] == files[0].stat().st_size
     second = make_engine(**tiers)
     try:
+        indexed(second)
         assert second.stats().all_details()["kv_cache_disk_bytes"] == files[0].stat().st_size
         _, done, _ = run(second, A_NEXT)
         assert done.cached_tokens >= 0.9 * n_a, (done.cached_tokens, n_a)
@@ -166,6 +173,7 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
         path.write_bytes(bytes(data))
     third = make_engine(**tiers)
     try:
+        indexed(third)
         text, done, _ = run(third, A_NEXT)
         assert done.cached_tokens == 0 and third.stats().all_details()["kv_restored_tokens"] == 0
         assert len(list(tmp_path.glob("*.kv"))) == 1  # the one tried is dropped
@@ -181,6 +189,7 @@ def test_the_disk_tier_survives_a_restart(tmp_path: Path) -> None:
         embedded_model_path(), model_id=MODEL_ID, n_ctx=1024, n_threads=2, parallel=2, **tiers
     )
     try:
+        indexed(other)
         assert list(tmp_path.glob("*.kv")) == []
         assert other.stats().all_details()["kv_cache_disk_bytes"] == 0
     finally:

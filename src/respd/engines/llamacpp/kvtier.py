@@ -14,9 +14,10 @@ without `retain` is left to evict; the mark lives in memory (files are not marke
 
 Each file starts with a header naming the model identity it was made with: at start the
 directory is scanned, files of another identity (another model, context size, KV type,
-llama.cpp version) or damaged ones are deleted, and the rest form the index. Files are
-written to a temporary name and renamed, so a crash never leaves a half file
-under a real name.
+llama.cpp version) or damaged ones are deleted, and the rest form the index. The scan runs
+on a thread of its own (see `KVTier.__init__`), so a directory of many files does not hold
+the start up. Files are written to a temporary name and renamed, so a crash never leaves a
+half file under a real name.
 
 Thread-safe: the decode worker saves and restores, other threads read `stats`.
 """
@@ -145,13 +146,32 @@ class KVTier:
         self._ram_used = 0
         self._disk_used = 0
         self._last_stamp = 0
-        if self.disk_dir is not None:
-            self.disk_dir.mkdir(parents=True, exist_ok=True)
-            self._scan()
+        # Temporary files of this process carry this mark; the scan deletes only others'.
+        self._run = uuid.uuid4().hex[:12]
+        self._indexed = threading.Event()
+        self._stop = threading.Event()
+        self._scanner: threading.Thread | None = None
+        if self.disk_dir is None:
+            self._indexed.set()
+            return
+        self.disk_dir.mkdir(parents=True, exist_ok=True)
+        # The index is read in the background rather than waited for: reading the header
+        # and tokens of thousands of files takes seconds, and waiting at the first lookup
+        # would stall the decode worker, whose admissions make the lookups, and with it
+        # every stream already running. Until the scan ends a lookup sees the files read so
+        # far, newest first, so the conversations active just before the restart are found
+        # soonest; a file not yet read is only a miss (its prompt is prefilled, the answer
+        # is the same). Entries saved meanwhile are newer than every file found.
+        self._scanner = threading.Thread(target=self._scan, name="respd-kv-scan", daemon=True)
+        self._scanner.start()
 
     @property
     def persistent(self) -> bool:
         return self.disk_dir is not None
+
+    def wait_indexed(self, timeout: float | None = None) -> bool:
+        """Wait until the files found at start are indexed (or `timeout` passes)."""
+        return self._indexed.wait(timeout)
 
     # -- lookups ------------------------------------------------------------------------
 
@@ -283,7 +303,11 @@ class KVTier:
                 self._drop(e)
 
     def close(self) -> None:
-        """Write what RAM holds to disk (oldest first, so the newest survive the bound)."""
+        """Stop the scan, then write what RAM holds to disk (oldest first, so the newest
+        survive the bound)."""
+        self._stop.set()
+        if self._scanner is not None:
+            self._scanner.join()
         with self._lock:
             if self.disk_dir is None:
                 return
@@ -350,7 +374,7 @@ class KVTier:
                 return  # the disk holds only retained entries: they stay
             self._unlink(victim)
         path = self._path(e.id)
-        tmp = path.with_name(f".{e.id}.{uuid.uuid4().hex}{TMP_SUFFIX}")
+        tmp = path.with_name(f".{self._run}.{e.id}.{uuid.uuid4().hex[:8]}{TMP_SUFFIX}")
         try:
             with tmp.open("wb") as f:
                 f.write(HEADER.pack(MAGIC, self.identity, len(e.tokens), len(key), len(state)))
@@ -429,8 +453,8 @@ class KVTier:
             return None
         return n, klen, slen
 
-    def _index_file(self, path: Path) -> tuple[float, _Entry] | None:
-        """(mtime, entry) of a file of this identity, reading its header and tokens only."""
+    def _index_file(self, path: Path) -> _Entry | None:
+        """The entry of a file of this identity, reading its header and tokens only."""
         try:
             with path.open("rb") as f:
                 st = os.fstat(f.fileno())
@@ -444,26 +468,59 @@ class KVTier:
             return None
         if path.stem != _entry_id(tokens):
             return None
-        return st.st_mtime, _Entry(path.stem, tokens, slen, key, file_bytes=st.st_size)
+        return _Entry(path.stem, tokens, slen, key, file_bytes=st.st_size)
 
     def _scan(self) -> None:
-        """Rebuild the disk index from the directory: delete leftovers of interrupted
-        writes and files of another identity; order the rest by last use (mtime)."""
+        """Index the files a previous run left (the scanning thread's body)."""
+        try:
+            self._scan_files()
+        except Exception:  # an unreadable directory: the tier starts cold
+            log.exception("indexing the KV cache directory %s failed", self.disk_dir)
+        finally:
+            self._indexed.set()
+
+    def _scan_files(self) -> None:
+        """Delete leftovers of interrupted writes and files of another identity; index the
+        rest newest first, each visible to lookups once read, in least-recently-used order
+        (by mtime) behind everything saved since the start. Files past the disk bound are
+        the oldest and are deleted."""
         assert self.disk_dir is not None
-        found: list[tuple[float, _Entry]] = []
-        for path in self.disk_dir.iterdir():
-            if path.name.endswith(TMP_SUFFIX):
-                path.unlink(missing_ok=True)
-            elif path.name.endswith(SUFFIX) and path.is_file():
-                indexed = self._index_file(path)
-                if indexed is None:
+        found: list[tuple[int, Path]] = []
+        with os.scandir(self.disk_dir) as listing:
+            for item in listing:
+                if item.name.endswith(TMP_SUFFIX):
+                    if not item.name.startswith(f".{self._run}."):
+                        Path(item.path).unlink(missing_ok=True)
+                elif item.name.endswith(SUFFIX) and item.is_file():
+                    with contextlib.suppress(OSError):
+                        found.append((item.stat().st_mtime_ns, Path(item.path)))
+        found.sort(key=lambda f: f[0], reverse=True)
+        for _, path in found:
+            if self._stop.is_set():
+                return
+            indexed = self._index_file(path)
+            if indexed is None:
+                if path.exists():
                     log.info("removing the saved KV state %s: another model's or damaged", path)
                     path.unlink(missing_ok=True)
-                else:
-                    found.append(indexed)
-        for _, e in sorted(found, key=lambda item: item[0]):
-            self._entries[e.id] = e
+                continue
+            with self._lock:
+                self._adopt(indexed)
+
+    def _adopt(self, found: _Entry) -> None:
+        """Index a file found by the scan (with the lock held)."""
+        e = self._entries.get(found.id)
+        if e is not None and e.file_bytes:
+            return  # saved again since the start: the file is that save's
+        if self._disk_used + found.file_bytes > self.disk_limit:
+            self._path(found.id).unlink(missing_ok=True)
+            if e is None:
+                return
+        elif e is None:
+            self._entries[found.id] = e = found
+        else:
+            e.file_bytes = found.file_bytes  # RAM holds it since the start: the file is its
+        if e.file_bytes:
             self._disk[e.id] = None
+            self._disk.move_to_end(e.id, last=False)  # older than every file indexed yet
             self._disk_used += e.file_bytes
-        while self._disk_used > self.disk_limit and self._disk:
-            self._unlink(self._entries[next(iter(self._disk))])

@@ -5,7 +5,11 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from respd.engines.llamacpp.kvtier import MIN_RESTORE_TOKENS, KVTier, model_identity
 
@@ -123,9 +127,11 @@ def test_another_identity_and_damaged_files_are_deleted(tmp_path: Path) -> None:
     (tmp_path / ".x.tmp").write_bytes(b"an interrupted write")
     (tmp_path / "notes.txt").write_text("not ours")
     again = KVTier(ID_A, ram_bytes=0, disk_dir=tmp_path, disk_bytes=100_000)
+    assert again.wait_indexed(5)
     assert [e.id for e in again.entries()] == [kept.stem]
     assert files(tmp_path) == {kept.name, "notes.txt"}
     other = KVTier(ID_B, ram_bytes=0, disk_dir=tmp_path, disk_bytes=100_000)
+    assert other.wait_indexed(5)
     assert other.entries() == [] and files(tmp_path) == {"notes.txt"}
 
 
@@ -137,12 +143,14 @@ def test_restart_rebuilds_the_index(tmp_path: Path) -> None:
     first.close()
     assert len(files(tmp_path)) == 2
     second = KVTier(ID_A, ram_bytes=10_000, disk_dir=tmp_path, disk_bytes=100_000)
+    assert second.wait_indexed(5)
     assert second.stats().disk_entries == 2 and second.stats().ram_entries == 0
     hit = second.find([*toks(1, 100), 1], limit=100)
     assert hit is not None and hit.reuse == 100 and hit.cache_key == "resp_1"
     assert second.load(hit) == state(1_000, 1)
     # A smaller disk bound at start keeps the most recently used file.
     third = KVTier(ID_A, ram_bytes=0, disk_dir=tmp_path, disk_bytes=1_500)
+    assert third.wait_indexed(5)
     assert [e.id for e in third.entries()] == [hit.id]
 
 
@@ -230,4 +238,114 @@ def test_retained_entries_are_written_to_disk_at_once_and_evicted_last(tmp_path:
     on_disk = {e.n_tokens for e in tier.entries() if e.on_disk}
     assert tier.stats().disk_entries == 2 and on_disk == {80}
     reopened = KVTier(ID_A, ram_bytes=10_000, disk_dir=tmp_path, disk_bytes=2 * size)
+    assert reopened.wait_indexed(5)
     assert reopened.find([*keep, 9], limit=80) is not None
+
+
+class GatedScan:
+    """Holds the start-up scan before each file it reads until the test lets it go on."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.allowed = threading.Semaphore(0)
+        self.read: list[str] = []
+        real = KVTier._index_file
+
+        def gated(tier: KVTier, path: Path) -> object:
+            assert self.allowed.acquire(timeout=10), "the test never let the scan go on"
+            self.read.append(path.stem)
+            return real(tier, path)
+
+        monkeypatch.setattr(KVTier, "_index_file", gated)
+
+    def allow(self, n: int) -> None:
+        for _ in range(n):
+            self.allowed.release()
+
+
+def saved_dir(tmp_path: Path, seeds: range) -> list[str]:
+    """A disk tier's directory after a run that saved `seeds` in order (ids, oldest first)."""
+    first = KVTier(ID_A, ram_bytes=100_000, disk_dir=tmp_path, disk_bytes=100_000)
+    for seed in seeds:
+        assert first.put(toks(seed, 80), state(200, seed), cache_key=f"conv_{seed}")
+    ids = [e.id for e in first.entries()]
+    first.close()
+    return ids
+
+
+def test_the_index_is_read_in_the_background_newest_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = saved_dir(tmp_path, range(1, 6))
+    gate = GatedScan(monkeypatch)
+    tier = KVTier(ID_A, ram_bytes=100_000, disk_dir=tmp_path, disk_bytes=100_000)
+    # Constructed without reading a file: lookups see nothing yet, and a miss is only a miss.
+    assert not tier.wait_indexed(0.05) and tier.entries() == []
+    assert tier.find([*toks(5, 80), 1], limit=80) is None
+    gate.allow(2)
+    wait_for(lambda: len(tier.entries()) == 2)
+    # The files used last before the restart come first.
+    assert gate.read == [ids[4], ids[3]]
+    hit = tier.find([*toks(4, 80), 1], limit=80)
+    assert hit is not None and hit.cache_key == "conv_4" and tier.load(hit) == state(200, 4)
+    assert tier.find([*toks(1, 80), 1], limit=80) is None  # not read yet
+    gate.allow(3)
+    assert tier.wait_indexed(5)
+    assert gate.read == list(reversed(ids))
+    assert tier.find([*toks(1, 80), 1], limit=80) is not None
+    stats = tier.stats()
+    assert stats.disk_entries == 5
+    assert stats.disk_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+
+
+def test_saves_during_the_scan_are_newer_than_every_file_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = saved_dir(tmp_path, range(1, 4))
+    size = (tmp_path / f"{ids[0]}.kv").stat().st_size
+    gate = GatedScan(monkeypatch)
+    # Room for three files: a new save and the two newest of the old ones.
+    tier = KVTier(ID_A, ram_bytes=0, disk_dir=tmp_path, disk_bytes=3 * size)
+    assert tier.put(toks(9, 80), state(200, 9))
+    # The same tokens as an old file, saved again meanwhile: that save's file is the one.
+    assert tier.put(toks(3, 80), state(200, 3))
+    gate.allow(5)  # the listing may have seen the new files too
+    assert tier.wait_indexed(5)
+    kept = {e.id for e in tier.entries()}
+    assert ids[2] in kept and ids[1] in kept and ids[0] not in kept  # the oldest went
+    assert len(kept) == 3 and files(tmp_path) == {f"{i}.kv" for i in kept}
+    stats = tier.stats()
+    assert stats.disk_entries == 3
+    assert stats.disk_bytes == sum(p.stat().st_size for p in tmp_path.iterdir())
+    # The next save evicts the least recently used: an old file, not the new save.
+    assert tier.put(toks(8, 80), state(200, 8))
+    assert tier.find([*toks(9, 80), 1], limit=80) is not None
+    assert tier.find([*toks(2, 80), 1], limit=80) is None
+
+
+def test_close_during_the_scan_stops_it_and_still_writes_ram(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    saved_dir(tmp_path, range(1, 4))
+    gate = GatedScan(monkeypatch)
+    tier = KVTier(ID_A, ram_bytes=100_000, disk_dir=tmp_path, disk_bytes=100_000)
+    assert tier.put(toks(7, 80), state(200, 7))
+    gate.allow(1)
+    wait_for(lambda: len(gate.read) == 1)
+    closer = threading.Thread(target=tier.close)
+    closer.start()
+    gate.allow(1)  # the file being read when close came is the last one
+    closer.join(5)
+    assert not closer.is_alive()
+    assert len(gate.read) <= 2
+    # Nothing was deleted for being unread, and the RAM entry is on disk beside them.
+    assert len(files(tmp_path)) == 4
+    again = KVTier(ID_A, ram_bytes=0, disk_dir=tmp_path, disk_bytes=100_000)
+    gate.allow(4)
+    assert again.wait_indexed(5) and again.find([*toks(7, 80), 1], limit=80) is not None
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
