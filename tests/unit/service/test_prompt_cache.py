@@ -88,3 +88,24 @@ def test_chat_takes_the_fields_and_reports_cached_tokens() -> None:
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 5
     (call,) = engine.calls
     assert call.cache_key == "k" and call.retain
+
+
+def test_a_chain_without_a_key_is_keyed_by_its_first_response() -> None:
+    engine = FakeEngine([Reply(["ok"]) for _ in range(6)], model_id=FAKE_MODEL)
+    with _client(engine) as client:
+
+        def turn(**fields: object) -> str:
+            r = client.post("/v1/responses", json={"model": FAKE_MODEL, "input": "hi", **fields})
+            assert r.status_code == 200, r.text
+            return str(r.json()["id"])
+
+        first = turn()
+        second = turn(previous_response_id=first)
+        turn(previous_response_id=second)
+        # The client's own key, then `user`, still come first.
+        turn(previous_response_id=second, prompt_cache_key="mine")
+        turn(previous_response_id=second, user="ada")
+        conv = client.post("/v1/conversations", json={}).json()["id"]
+        turn(conversation=conv)
+    keys = [call.cache_key for call in engine.calls]
+    assert keys == [None, first, first, "mine", "ada", conv]

@@ -20,6 +20,9 @@ MAX_CHAIN = 10_000  # a guard against a cycle in a damaged store, far above any 
 class History:
     items: list[JSON] = field(default_factory=list)
     conversation_id: str | None = None
+    # What names the conversation across its turns: the first response of the
+    # `previous_response_id` chain, or the conversation's id (None for a first turn).
+    root_id: str | None = None
 
 
 def conversation_id_of(conversation: str | ConversationRef | None) -> str | None:
@@ -77,12 +80,13 @@ async def resolve_history(
         )
     if previous_response_id is not None:
         items: list[JSON] = []
-        for record in await chain_of(store, owner, previous_response_id):
+        chain = await chain_of(store, owner, previous_response_id)
+        for record in chain:
             items += record.input_items + record.output
-        return History(items)
+        return History(items, root_id=chain[0].id)
     if conversation_id is not None:
         conv_items = await store.conversation_items(owner, conversation_id)
         if conv_items is None:
             raise conversation_not_found(conversation_id)
-        return History(conv_items, conversation_id)
+        return History(conv_items, conversation_id, root_id=conversation_id)
     return History()

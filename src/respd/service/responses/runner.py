@@ -284,7 +284,10 @@ class ResponseRunner:
             answer_schema=answer,
             reasoning_effort=req.reasoning.effort if req.reasoning else None,
             truncate=req.truncation == "auto",
-            cache_key=cache.key or req.user,
+            # Without a key of the client's, a conversation's turns share one: the KV
+            # cache's slots and saved states rank its own history first among equals,
+            # in this process and, from the disk tier, after a restart.
+            cache_key=cache.key or req.user or history.root_id,
             retain=cache.retain,
             params=Params(),
             route=route_of(req.provider),
