@@ -3,7 +3,7 @@ llama-server and its host-memory prompt cache, same GGUF, threads and slots, in 
 
 Two cases, each on fresh instances of both servers, the servers' order alternating by round:
 
-- restart: conversations whose first turn carries a long context document (~1,700 tokens,
+- restart: conversations whose first turn carries a long context document (~1,550 tokens,
   unique to each), built up over a few turns; then the server is stopped (SIGTERM) and
   started again, and every conversation takes its next turn. respd chains turns with
   `previous_response_id` (stored in sqlite, which survives the restart) and keeps its KV
@@ -295,7 +295,11 @@ def report(case: str, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]
     return medians
 
 
-def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+def run_case(
+    case: str, args: argparse.Namespace, save: Callable[[dict[str, Any]], None]
+) -> dict[str, Any]:
+    """Every round of `case`; what is done so far is `save`d after each server's run, so a
+    run cut short keeps its finished rounds."""
     rounds: dict[str, list[dict[str, Any]]] = {"respd": [], "llama-server": []}
     commands: dict[str, str] = {}
     for n in range(args.rounds):
@@ -310,6 +314,10 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             rounds[name].append(result)
             if "commands" in result:
                 commands[name] = shlex.join(result["commands"][0])
+            got = result.get(RUNNERS[case][0], {})
+            p50, p95 = ms(got.get("ttft_p50")), ms(got.get("ttft_p95"))
+            print(f"  TTFT p50 {p50}, p95 {p95}", flush=True)
+            save({"rounds": rounds, "commands": commands})
     for name, cmd in commands.items():
         print(f"{name}: {cmd}")
     return {"rounds": rounds, "commands": commands, "medians": report(case, rounds)}
@@ -334,7 +342,7 @@ def main() -> None:
     g = p.add_argument_group("restart")
     g.add_argument("--restart-conversations", type=int, default=8)
     g.add_argument("--restart-turns", type=int, default=3, help="turns before the restart")
-    g.add_argument("--restart-notes", type=int, default=55, help="context lines (~31 tokens)")
+    g.add_argument("--restart-notes", type=int, default=50, help="context lines (~31 tokens)")
     g = p.add_argument_group("many")
     g.add_argument("--many-conversations", type=int, default=64)
     g.add_argument("--many-turns", type=int, default=4)
@@ -355,12 +363,18 @@ def main() -> None:
     args.repack = not common.cpu_advertises_amx()
     # A run of some cases keeps the others' results already in the file.
     out: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
-    for case in cases:
-        out[case] = run_case(case, args)
-        out[case]["date"] = time.strftime("%Y-%m-%d %H:%M:%S")
-        out[case]["settings"] = {k: str(v) for k, v in vars(args).items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
+    for case in cases:
+
+        def save(result: dict[str, Any], case: str = case) -> None:
+            out[case] = {
+                **result,
+                "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "settings": {k: str(v) for k, v in vars(args).items()},
+            }
+            args.out.write_text(json.dumps(out, indent=2))
+
+        save(run_case(case, args, save))
     print(f"\nJSON: {args.out}")
 
 
