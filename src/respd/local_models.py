@@ -41,6 +41,7 @@ class ModelPreset(BaseModel):
     kv_cache_ram_mb: int | None = Field(None, ge=0)
     chat_template: Path | None = None
     speculation: Literal["off", "ngram"] | None = None
+    jump_forward: Literal["auto", "on", "off"] | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)

@@ -172,6 +172,7 @@ def load_engine(settings: Settings, console: Console) -> LlamaCppEngine:
                 sampling=settings.sampling_overrides(embedded_model=not settings.model),
                 dry_sequence_breakers=settings.dry_breakers(),
                 speculation=settings.speculation_settings(),
+                jump_forward=settings.jump_forward,
                 kv_cache_ram_bytes=settings.kv_cache_ram_mb * 2**20,
                 kv_cache_dir=kv_dir,
                 kv_cache_disk_bytes=settings.kv_cache_disk_mb * 2**20,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_settings import NoDecode
 
 from respd.engines import defaults as engine_defaults
-from respd.engines.defaults import ImageEncode
+from respd.engines.defaults import ImageEncode, JumpForward
 
 if TYPE_CHECKING:
     from respd.engines.embedding import Embedder
@@ -190,6 +190,16 @@ class EngineConfig(BaseModel):
         "is sampled as without it. It pays where output copies its input (rewriting a file, "
         "quoting); guesses start at one token and grow only while they prove right, so other "
         "text pays little for it. off: one token per step.",
+    )
+    jump_forward: JumpForward = Field(
+        engine_defaults.JUMP_FORWARD,
+        description="Jump-forward decoding for structured output and forced tool calls: the "
+        "text a request's grammar forces next (keys, quotes, braces, a forced function name) "
+        "is decoded in the same step as the token before it, as a draft the model's own "
+        "samples verify, so output and logprobs are those of one token a step. It saves "
+        "steps where a step of several tokens costs little more than one (GPUs, wide CPUs); "
+        "where each token costs the same (small CPUs) it only adds the rejected drafts. "
+        "auto: measured once, at the first constrained request; on; off.",
     )
     speculation_draft_max: int = Field(
         8, ge=1, le=64, description="--speculation ngram: most tokens guessed per step."

@@ -21,7 +21,7 @@ class ModelsConfig(BaseModel):
         description="A TOML file of model presets: [[model]] tables with alias and path (a file, "
         "or hf://OWNER/REPO[:QUANT]) or naming a --models-dir model by alias, and per-model "
         "settings: ctx_size, parallel, threads, batch_size, chat_template, mmproj, "
-        "speculation, temperature, top_p, top_k, min_p, repeat_penalty, pin, ttl.",
+        "speculation, jump_forward, temperature, top_p, top_k, min_p, repeat_penalty, pin, ttl.",
     )
     models_max: int = Field(
         0,

@@ -211,6 +211,16 @@ DETAILS: dict[str, Detail] = {
         "respd_draft_accepted_tokens",
         "Guessed tokens the sampler drew too (each saved a decode step).",
     ),
+    # Jump-forward: text a grammar forced, decoded as a draft, and the tokens of it the
+    # sampler then chose too.
+    "jump_forward_tokens": Detail(
+        "respd_jump_forward_tokens",
+        "Tokens of grammar-forced text decoded as a draft for checking.",
+    ),
+    "jump_forward_accepted": Detail(
+        "respd_jump_forward_accepted_tokens",
+        "Grammar-forced draft tokens the sampler drew too (each saved a decode step).",
+    ),
     # Image work: images tokenized into chunks by the projector (not found in its cache),
     # and image chunks whose embeddings the vision encoder computed.
     "images_tokenized": Detail(

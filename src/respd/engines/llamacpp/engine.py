@@ -56,7 +56,7 @@ from respd.engines.base import (
 )
 from respd.engines.chat_template import FALLBACK_TEMPLATE, ChatTemplate
 from respd.engines.constraints import ConstraintError
-from respd.engines.defaults import ImageEncode
+from respd.engines.defaults import ImageEncode, JumpForward
 from respd.engines.families.profile import detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
 from respd.engines.llamacpp.jobs import Job, JobStream
@@ -117,6 +117,7 @@ class LlamaCppEngine:
         sampling: dict[str, float] | None = None,
         dry_sequence_breakers: Sequence[str] | None = None,
         speculation: NgramSpeculation | None = None,
+        jump_forward: JumpForward = defaults.JUMP_FORWARD,
         kv_cache_ram_bytes: int = 0,
         kv_cache_dir: Path | None = None,
         kv_cache_disk_bytes: int = 0,
@@ -126,6 +127,8 @@ class LlamaCppEngine:
         """`sampling`: defaults for requests that set none, over the GGUF's own
         (`dry_sequence_breakers`: DRY's, which is not a number).
         `speculation`: draft tokens by prompt lookup (None: decode one token at a time).
+        `jump_forward`: decode the text a request's grammar forces as a draft (auto:
+        where a step of several tokens measures cheaper per token than one).
         `kv_cache_*`: tiers that keep a slot's KV sequence after the slot is reused (see
         `kvtier.py`); all zero: none.
         `image_encode`: where images are encoded: on the projector's encoder thread with
@@ -156,7 +159,7 @@ class LlamaCppEngine:
         self._open_context(cparams)
         self._open_projector(mmproj, image_threads if image_encode == "background" else n_threads)
         self._detect_profile(chat_template, sampling, n_ctx)
-        self._start_worker(speculation, n_threads, image_encode, image_threads)
+        self._start_worker(speculation, jump_forward, n_threads, image_encode, image_threads)
 
     # -- the steps of loading -------------------------------------------------------------
 
@@ -250,6 +253,7 @@ class LlamaCppEngine:
     def _start_worker(
         self,
         speculation: NgramSpeculation | None,
+        jump_forward: JumpForward,
         n_threads: int,
         image_encode: ImageEncode,
         image_threads: int,
@@ -275,6 +279,7 @@ class LlamaCppEngine:
             context_window=self.context_window,
             n_batch=self._n_batch,
             speculation=speculation,
+            jump_forward=jump_forward,
             chain=ChainContext(
                 defaults=self.default_sampling,
                 n_vocab=self._model.n_vocab(),
@@ -303,6 +308,15 @@ class LlamaCppEngine:
     @speculation.setter
     def speculation(self, value: NgramSpeculation | None) -> None:
         self._worker.speculation = value
+
+    @property
+    def jump_forward(self) -> JumpForward:
+        """Whether grammar-forced text is decoded as a draft (read at each draft)."""
+        return self._worker.jump.mode
+
+    @jump_forward.setter
+    def jump_forward(self, value: JumpForward) -> None:
+        self._worker.jump.mode = value
 
     @property
     def _worker_error(self) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from respd.engines.base import GenerationDone, GenerationEvent, SamplingParams
 from respd.engines.llamacpp.closing import Closer
+from respd.engines.llamacpp.jumpforward import Spacing
 from respd.engines.llamacpp.multimodal import ImageChunk
 from respd.engines.llamacpp.outbox import Batch, EventBuffer, Outbox
 from respd.engines.llamacpp.sampler import GrammarCheckedSampler
@@ -63,6 +64,8 @@ class Job:
     # the draft decoded after `next_token` this step, which the samples then verify.
     lookup: NgramLookup | None = None
     draft: list[int] = field(default_factory=list)
+    jumped: list[int] = field(default_factory=list)  # the draft, when its grammar forced it
+    spacing: Spacing = field(default_factory=Spacing)  # its output's spaces, for such drafts
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )

@@ -27,13 +27,19 @@ from respd.engines.base import (
     SamplingParams,
     TokenChunk,
 )
-from respd.engines.defaults import ImageEncode
+from respd.engines.defaults import ImageEncode, JumpForward
 from respd.engines.llamacpp.closing import Closer, ClosingVocab
 from respd.engines.llamacpp.jobs import Job
+from respd.engines.llamacpp.jumpforward import ForcedText, JumpForwardPolicy
 from respd.engines.llamacpp.logprobs import LogprobReader
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector
 from respd.engines.llamacpp.outbox import Outbox
-from respd.engines.llamacpp.sampler import ChainContext, GrammarCheckedSampler, sampler_chain
+from respd.engines.llamacpp.sampler import (
+    ChainContext,
+    GrammarCheckedSampler,
+    chain_top,
+    sampler_chain,
+)
 from respd.engines.llamacpp.sequences import KvSequences
 from respd.engines.llamacpp.slots import Slot, place
 from respd.engines.llamacpp.speculation import NgramLookup, NgramSpeculation
@@ -66,6 +72,7 @@ class DecodeWorker:
         context_window: int,
         n_batch: int,
         speculation: NgramSpeculation | None,
+        jump_forward: JumpForward,
         chain: ChainContext,
         stop_ids: frozenset[int],
         text_marker_ids: frozenset[int],
@@ -87,6 +94,7 @@ class DecodeWorker:
         self.context_window = context_window
         self._n_batch = n_batch
         self.speculation = speculation
+        self.jump = JumpForwardPolicy(jump_forward, stats, context_window, n_batch, DECODE_TURNS)
         self._chain = chain
         self._stop_ids = stop_ids
         self._text_marker_ids = text_marker_ids
@@ -238,7 +246,11 @@ class DecodeWorker:
                 job.sampler = self._make_sampler(job.params, block_eog=job.eog_blocked)
                 if job.grammar_text is not None:
                     job.grammar = GrammarCheckedSampler(
-                        job.sampler, self._vocab, job.grammar_text, self._model.n_vocab()
+                        job.sampler,
+                        self._vocab,
+                        job.grammar_text,
+                        self._model.n_vocab(),
+                        top=chain_top(job.params, self._chain),
                     )
                     if job.closes:
                         job.closer = self._closer(job.grammar_text)
@@ -246,6 +258,14 @@ class DecodeWorker:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)
                 continue
+            if job.grammar is not None and job.slot is not None:
+                self.jump.measure_once(
+                    self._ctx.ctx,
+                    self._batch,
+                    job.slot.seq_id,
+                    job.position(job.fed),
+                    job.prompt[0],
+                )
             self._encode_images(job)
 
     def _encode_images(self, job: Job) -> None:
@@ -339,9 +359,11 @@ class DecodeWorker:
                 self._sample(job, idx)
 
     def _draft(self, job: Job, room: int) -> list[int]:
-        """A prompt-lookup draft to decode after the token just put in the batch: at most
-        `room` tokens, and none the job could not use (past its limit or its context)."""
-        if self.speculation is None:
+        """A draft to decode after the token just put in the batch: the text the job's
+        grammar forces next (jump-forward), else a prompt-lookup guess; at most `room`
+        tokens, and none the job could not use (past its limit or its context)."""
+        jumps = job.grammar is not None and self.jump.on
+        if self.speculation is None and not jumps:
             return []
         slot = job.slot
         assert slot is not None
@@ -350,6 +372,12 @@ class DecodeWorker:
         room = min(room, job.limit - job.produced - 1)
         if room <= 0:
             return []
+        if jumps:
+            assert job.grammar is not None
+            job.jumped = self._forced_text.draft(job.grammar.grammar, job.spacing, room)
+            if job.jumped or self.speculation is None:
+                return job.jumped
+        assert self.speculation is not None
         if job.lookup is None:
             job.lookup = NgramLookup(self.speculation)
         # The history is what the sequence holds: prompt and output up to `next_token`
@@ -375,8 +403,10 @@ class DecodeWorker:
             job.next_token = None  # already decoded, as part of the draft
             accepted += 1
             self._sample(job, idx + accepted)
-        self._stats.add("draft_tokens", len(draft))
-        self._stats.add("draft_accepted", accepted)
+        kind = "jump_forward" if job.jumped else "draft"
+        job.jumped = []
+        self._stats.add(f"{kind}_tokens", len(draft))
+        self._stats.add(f"{kind}_accepted", accepted)
         if job.lookup is not None:
             job.lookup.feedback(len(draft), accepted)
         keep = len(slot.tokens) - (len(draft) - accepted)
@@ -448,6 +478,8 @@ class DecodeWorker:
         self._stats.generated_tokens += 1
         piece = self._model.detokenize([token], special=token in self._text_marker_ids)
         chunk = TokenChunk(job.decoder.decode(piece), [token])
+        if job.grammar is not None and self.jump.on:
+            job.spacing.learn(chunk.text)
         if job.params.logprobs is not None:  # the raw distribution: see engines/logprobs.py
             logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, idx)
             chunk.logprobs.append(
@@ -477,6 +509,14 @@ class DecodeWorker:
             self._closing_vocab,
             grammar,
             lambda text: self._model.tokenize(text.encode(), add_bos=False, special=False),
+        )
+
+    @cached_property
+    def _forced_text(self) -> ForcedText:
+        return ForcedText(
+            lambda t: self._model.detokenize([t], special=False),
+            lambda text: self._model.tokenize(text.encode(), add_bos=False, special=False),
+            self._model.n_vocab(),
         )
 
     @cached_property
