@@ -42,7 +42,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from respd.config import Settings  # noqa: E402
+from respd.config import embedded_model_path  # noqa: E402
 from respd.engines.llamacpp import cpu_advertises_amx  # noqa: E402
 
 PROMPTS = [
@@ -1080,7 +1080,7 @@ def main() -> None:
     only = set(args.only.split(","))
     if only - set(CASES):
         p.error(f"--only: unknown case(s) {','.join(sorted(only - set(CASES)))}")
-    args.model = args.model or Settings().model_path()
+    args.model = args.model or embedded_model_path()
     args.repack = (not cpu_advertises_amx()) if args.repack == "auto" else args.repack == "on"
     levels = [int(x) for x in args.levels.split(",")]
     log_dir = args.out.parent
