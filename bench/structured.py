@@ -140,7 +140,9 @@ def main() -> None:
     p.add_argument("--levels", default="1,8")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=160)
-    p.add_argument("--requests", type=int, default=2, help="requests per level = this x level")
+    p.add_argument(
+        "--requests", type=int, default=1, help="requests per level = this x level (at least 3)"
+    )
     p.add_argument("--no-responses", action="store_true", help="skip respd's Responses rows")
     p.add_argument("--repack", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--out", type=Path, default=common.ROOT / "bench/results/structured.json")
@@ -172,7 +174,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = list(SERVERS[r % len(SERVERS) :] + SERVERS[: r % len(SERVERS)])
             for conc in levels:
-                batch = prompts(r * 10 + conc, conc * args.requests)
+                batch = prompts(r * 10 + conc, max(3, conc * args.requests))
                 for name in order:
                     apis = ["chat"] + (
                         ["responses"] if name == "respd" and not args.no_responses else []
