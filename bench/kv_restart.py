@@ -27,6 +27,7 @@ JSON goes to `bench/results/kv_restart.json`.
     .venv/bin/python bench/kv_restart.py                 # 3 rounds, both cases
     .venv/bin/python bench/kv_restart.py --quick         # 1 small round
     .venv/bin/python bench/kv_restart.py --only many --rounds 1
+    .venv/bin/python bench/kv_restart.py --report        # the tables of the last runs
 """
 
 from __future__ import annotations
@@ -262,8 +263,9 @@ def report(case: str, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]
     key = RUNNERS[case][0]
     over = "the turns after the restart" if case == "restart" else "turns 2-4"
     print(f"\n{case}: TTFT over {over}")
-    head = ("round", "server", "TTFT p50", "TTFT p95", "turn-1 p50", "cached")
-    print("{:>5} {:<13} {:>9} {:>9} {:>10} {:>7}".format(*head))
+    # Beside the restart's turns: the same conversations' turns 2.. before it (warm).
+    head = ("round", "server", "TTFT p50", "TTFT p95", "turn-1 p50", "warm p50", "cached")
+    print("{:>5} {:<13} {:>9} {:>9} {:>10} {:>9} {:>7}".format(*head))
     for name in ("respd", "llama-server"):
         for n, r in enumerate(rounds[name], 1):
             if "error" in r:
@@ -271,9 +273,10 @@ def report(case: str, rounds: dict[str, list[dict[str, Any]]]) -> dict[str, Any]
                 continue
             s = r[key]
             frac = f"{s['cached_fraction']:.0%}" if s["cached_fraction"] is not None else "-"
+            warm = ms(r["before_restart"]["ttft_p50"]) if "before_restart" in r else "-"
             print(
                 f"{n:>5} {name:<13} {ms(s['ttft_p50']):>9} {ms(s['ttft_p95']):>9} "
-                f"{ms(r['turn1']['ttft_p50']):>10} {frac:>7}"
+                f"{ms(r['turn1']['ttft_p50']):>10} {warm:>9} {frac:>7}"
                 + (f"  ({r['errors']} errors: {r['first_error']})" if r["errors"] else "")
             )
     medians: dict[str, Any] = {}
@@ -349,7 +352,16 @@ def main() -> None:
     g.add_argument("--many-notes", type=int, default=12, help="context lines (~31 tokens)")
     g.add_argument("--many-ram-mb", type=int, default=64, help="respd's --kv-cache-ram-mb")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "kv_restart.json")
+    p.add_argument("--report", action="store_true", help="print the tables of --out; run nothing")
     args = p.parse_args()
+    if args.report:
+        saved = json.loads(args.out.read_text())
+        for case in CASES:
+            if case in saved:
+                for name, cmd in saved[case]["commands"].items():
+                    print(f"{name}: {cmd}")
+                report(case, saved[case]["rounds"])
+        return
     if args.llama_server is None:
         p.error("--llama-server or $RESPD_TEST_LLAMA_SERVER is needed")
     cases = args.only.split(",")
