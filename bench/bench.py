@@ -258,6 +258,8 @@ def start_respd(
         str(parallel or args.parallel),
         "--repack",
         "on" if args.repack else "off",
+        "--poll",
+        str(getattr(args, "poll", 100)),
         "--log-level",
         "warning",
         *(extra or []),
@@ -1044,6 +1046,14 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=16, help="slots on both servers")
     p.add_argument("--levels", default="1,4,8,16", help="concurrency levels")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--poll",
+        type=int,
+        default=100,
+        help="respd --poll: 100 (default) is the spinning wait llama-server's OpenMP threads "
+        "use, so both wait alike; respd's own default, 0, sleeps for hosts shared with other "
+        "work and costs a 2-thread single stream about a third here",
+    )
     p.add_argument(
         "--repack",
         choices=("auto", "on", "off"),

@@ -6,7 +6,8 @@ cheap enough; the measured ratio is printed), respd `--jump-forward on` and resp
 `--jump-forward off`. Each is sent the
 same requests: "invent a profile of <someone>" with a six-property JSON schema
 (`response_format` json_schema on `/v1/chat/completions` everywhere; respd also on
-`/v1/responses` with `text.format`), temperature 0, at concurrency 1 and 8. Each round uses
+`/v1/responses` with `text.format`, worded a little differently so that its prompts are not
+cached from its Chat row), temperature 0, at concurrency 1 and 8. Each round uses
 people no earlier round asked for, so no server answers from a cached prompt the others
 never saw; the servers' order rotates every round. Figures: output tokens/s over the level
 (every request's completion tokens / the level's wall time), TTFT p50, whether every output
@@ -61,13 +62,15 @@ CITIES = (
 SERVERS = ("llama-server", "respd", "respd jf-on", "respd jf-off")
 
 
-def prompts(round_no: int, n: int) -> list[str]:
+def prompts(round_no: int, n: int, verb: str = "Invent") -> list[str]:
+    """`n` requests no other round sends; another `verb` makes them new to a server that
+    has just answered the same people (respd's Responses rows follow its Chat rows)."""
     out = []
     for i in range(n):
         k = round_no * 131 + i
         job, city = JOBS[k % len(JOBS)], CITIES[(k // len(JOBS) + k) % len(CITIES)]
         out.append(
-            f"Invent a profile of a {job} from {city} as JSON with the keys name, age, "
+            f"{verb} a profile of a {job} from {city} as JSON with the keys name, age, "
             "email, city, active and score."
         )
     return out
@@ -145,6 +148,7 @@ def main() -> None:
     )
     p.add_argument("--no-responses", action="store_true", help="skip respd's Responses rows")
     p.add_argument("--repack", choices=("auto", "on", "off"), default="auto")
+    p.add_argument("--poll", type=int, default=100, help="respd --poll (see bench.py --poll)")
     p.add_argument("--out", type=Path, default=common.ROOT / "bench/results/structured.json")
     args = p.parse_args()
     args.model = args.model or common.embedded_model_path()
@@ -181,7 +185,12 @@ def main() -> None:
                     )
                     for api in apis:
                         t = time.perf_counter()
-                        res = asyncio.run(level(servers[name], api, conc, batch, args.max_tokens))
+                        sent = (
+                            batch
+                            if api == "chat"
+                            else prompts(r * 10 + conc, len(batch), "Make up")
+                        )
+                        res = asyncio.run(level(servers[name], api, conc, sent, args.max_tokens))
                         res |= {"round": r, "server": name, "api": api, "concurrency": conc}
                         rows.append(res)
                         print(
