@@ -103,6 +103,11 @@ class JumpForwardPolicy:
         self._turns = decode_turns
 
     @property
+    def unmeasured(self) -> bool:
+        """Whether `auto` still waits for its measurement."""
+        return self.mode == "auto" and self.ratio is None
+
+    @property
     def on(self) -> bool:
         if self.mode == "auto":
             return self.ratio is not None and self.ratio <= PAYING_RATIO

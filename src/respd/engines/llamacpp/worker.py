@@ -94,6 +94,7 @@ class DecodeWorker:
         self.context_window = context_window
         self._n_batch = n_batch
         self.speculation = speculation
+        self._to_measure: Job | None = None  # admitted, for `auto` to measure with
         self.jump = JumpForwardPolicy(jump_forward, stats, context_window, n_batch, DECODE_TURNS)
         self._chain = chain
         self._stop_ids = stop_ids
@@ -176,6 +177,8 @@ class DecodeWorker:
                 if self._closing:
                     return
                 self._admit_pending()
+            if self._to_measure is not None:
+                self._measure_batching(self._to_measure)
             try:
                 self._step_once()
             except Exception as exc:  # a broken step fails its jobs, never the worker
@@ -258,15 +261,21 @@ class DecodeWorker:
                 log.exception("a request's sampler could not be built")
                 self._finish(job, "error", error=str(exc), locked=True)
                 continue
-            if job.grammar is not None and job.slot is not None:
-                self.jump.measure_once(
-                    self._ctx.ctx,
-                    self._batch,
-                    job.slot.seq_id,
-                    job.position(job.fed),
-                    job.prompt[0],
-                )
+            if job.grammar is not None and self.jump.unmeasured:
+                self._to_measure = job  # after the lock is let go: admission need not wait
             self._encode_images(job)
+
+    def _measure_batching(self, job: Job) -> None:
+        """For `auto` jump-forward: what a batched token costs, measured once in `job`'s
+        sequence past its reused prefix (the cells are cleared again), with its first
+        prompt token when that is a vocabulary token (an image's is not)."""
+        self._to_measure = None
+        if job.slot is None:
+            return
+        token = job.prompt[0] if 0 <= job.prompt[0] < self._model.n_vocab() else 0
+        self.jump.measure_once(
+            self._ctx.ctx, self._batch, job.slot.seq_id, job.position(job.fed), token
+        )
 
     def _encode_images(self, job: Job) -> None:
         """Queue the encodes of the job's images past its reused prefix, in prompt order.
