@@ -1,10 +1,12 @@
 """No runaway turns, against the real embedded model through the `openai` SDK: the DRY
 request fields and flags, the repetition stop (a greedy turn that may not end loops, and is
 cut, logged and counted), the default output cap (listed in /v1/models, bounding a turn
-that sets none), and structured output that closes its strings."""
+that sets none), and structured output that closes its strings (at its limit, or where it
+loops)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -14,6 +16,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from respd.config import embedded_model_path
+from respd.engines.llamacpp import LlamaCppEngine
 from tests.support.sdk_types import strict_response
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
@@ -157,6 +161,37 @@ def test_the_repetition_stop_can_be_switched_off(tmp_path: Path) -> None:
         assert repetition_stops(srv, "responses") == 0
     finally:
         srv.stop()
+
+
+def test_a_looping_structured_answer_is_closed_where_the_loop_is_cut(dry_off: RespdServer) -> None:
+    engine = LlamaCppEngine(
+        embedded_model_path(), model_id=MODEL_ID, n_ctx=256, parallel=1, n_threads=1
+    )
+    try:
+        [word] = engine.tokenize("mail")
+    finally:
+        engine.close()
+    schema = {
+        "type": "object",
+        "properties": {"email": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["email", "age"],
+        "additionalProperties": False,
+    }
+    before = repetition_stops(dry_off, "chat")
+    chat = dry_off.client(timeout=300).chat.completions.create(
+        model=MODEL_ID,
+        messages=[{"role": "user", "content": "Invent a profile as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+        logit_bias={str(word): 100},  # inside the string, "mail" again and again
+        max_tokens=400,
+        temperature=0,
+    )
+    text = chat.choices[0].message.content or ""
+    value = json.loads(text)  # closed where the loop was cut, so it parses
+    assert value["email"].startswith("mailmailmail") and isinstance(value["age"], int)
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.usage is not None and chat.usage.completion_tokens < 100
+    assert repetition_stops(dry_off, "chat") == before + 1
 
 
 # -- structured output closes its strings ---------------------------------------------------

@@ -283,6 +283,12 @@ class GenerationStream(Protocol):
         (`cancelled`), so the reader learns what was produced."""
         ...
 
+    def wrap_up(self) -> bool:
+        """End the output as soon as it can be whole: a grammar-constrained answer closes
+        its value in the fewest tokens and ends `length`; true when that is under way.
+        False when this stream cannot close its output: it is cancelled instead."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

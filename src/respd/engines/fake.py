@@ -65,6 +65,9 @@ class Reply:
     cached_tokens: int = 0
     delay: float = 0.0  # seconds before each chunk, to let tests act mid-stream
     status: int | None = None  # with an error: the HTTP status a remote engine would map it to
+    # What the stream sends instead of the rest when asked to `wrap_up` (a constrained
+    # answer closing its value), then ending `length`; None: it cannot, and is cancelled.
+    closing: Sequence[str] | None = None
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Call:
     cache_key: str | None
     cancelled: bool = False
     retain: bool = False
+    wrapped: bool = False  # the reader asked it to wrap up
 
 
 class FakeEngine:
@@ -218,6 +222,7 @@ class _FakeStream:
         self._admitted = False
         self._cancel = False
         self._limit = call.params.max_tokens
+        self._finish = reply.finish
 
     def __aiter__(self) -> _FakeStream:
         return self
@@ -237,7 +242,7 @@ class _FakeStream:
         if self._limit is not None and self._produced >= self._limit and self._steps:
             return self._end("length")
         if not self._steps:
-            return self._end(self._reply.finish, self._reply.error)
+            return self._end(self._finish, self._reply.error)
         step = self._steps.pop(0)
         if isinstance(step, BaseException):
             self._end("error", str(step), emit=False)
@@ -263,6 +268,14 @@ class _FakeStream:
 
     def cancel(self) -> None:
         self._cancel = True
+
+    def wrap_up(self) -> bool:
+        self._call.wrapped = True
+        if self._reply.closing is None:
+            self.cancel()
+            return False
+        self._steps, self._finish = list(self._reply.closing), "length"
+        return True
 
     async def aclose(self) -> None:
         if not self._done:

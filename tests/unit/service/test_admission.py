@@ -39,6 +39,10 @@ class Script:
     def cancel(self) -> None:
         self.finish.set()
 
+    def wrap_up(self) -> bool:
+        self.cancel()
+        return False
+
     async def aclose(self) -> None:
         self.closed = True
         self.finish.set()

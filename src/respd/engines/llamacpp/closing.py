@@ -119,6 +119,13 @@ class Closer:
             self.closing = need is not None and left <= need + 4 + need // 2
         return self.closing
 
+    def close_now(self, sampler: GrammarCheckedSampler) -> bool:
+        """Start closing now, whatever the tokens left; false when the value cannot be
+        closed within `CLOSING_MAX` tokens."""
+        if not self.closing:
+            self.closing = self.need(sampler.grammar) is not None
+        return self.closing
+
     def need(self, grammar: Any) -> int | None:
         """Tokens that close the grammar's value from its state, or None past the cap."""
         replay = llama_cpp.llama_sampler_clone(grammar)

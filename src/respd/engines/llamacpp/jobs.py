@@ -60,6 +60,7 @@ class Job:
     # overrode the model's choice, the job ends as cut by the limit, whatever ends it.
     closer: Closer | None = None
     closed_early: bool = False
+    wrap_up: bool = False  # the reader asked it to close now (its output looped)
     # Prompt-lookup speculation: the history's n-gram index (built at the first draft) and
     # the draft decoded after `next_token` this step, which the samples then verify.
     lookup: NgramLookup | None = None
@@ -125,6 +126,15 @@ class JobStream:
 
     def cancel(self) -> None:
         self._release(self._job)
+
+    def wrap_up(self) -> bool:
+        """A job whose answer may close early (see `closing.py`) closes it from its next
+        sample on; any other job is cancelled."""
+        if not self._job.closes:
+            self.cancel()
+            return False
+        self._job.wrap_up = True  # read by the worker thread at its next sample
+        return True
 
     async def __anext__(self) -> GenerationEvent:
         if self._done:

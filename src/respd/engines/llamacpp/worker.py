@@ -470,6 +470,9 @@ class DecodeWorker:
             self._finish(job, "length")
             return
         left = job.limit - job.produced
+        if job.wrap_up and not (job.closer and job.grammar and job.closer.close_now(job.grammar)):
+            self._finish(job, "cancelled")  # its output looped and cannot close: cut it
+            return
         if job.grammar is not None and job.closer is not None and job.closer.due(job.grammar, left):
             token, forced = job.grammar.sample_closing(
                 self._ctx.ctx, idx, self._closing_vocab.preference

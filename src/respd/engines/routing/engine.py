@@ -243,6 +243,12 @@ class _RoutedStream:
         if self._current is not None:
             self._current[1].cancel()
 
+    def wrap_up(self) -> bool:
+        if self._current is None:
+            self.cancel()
+            return False
+        return self._current[1].wrap_up()
+
     async def aclose(self) -> None:
         await self._events.aclose()
 

@@ -82,6 +82,11 @@ class _UpstreamStream:
             self._woken = True
             self._waiting.cancel()
 
+    def wrap_up(self) -> bool:
+        """An upstream cannot be told to close its output early: it is cancelled."""
+        self.cancel()
+        return False
+
     async def aclose(self) -> None:
         await self._events.aclose()
 

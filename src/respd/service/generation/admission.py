@@ -185,6 +185,12 @@ class _GatedStream:
         self._cancel_waiting()
         self._turn.set()
 
+    def wrap_up(self) -> bool:
+        if self._inner is not None:
+            return self._inner.wrap_up()
+        self.cancel()
+        return False
+
     async def aclose(self) -> None:
         try:
             if self._inner is not None:

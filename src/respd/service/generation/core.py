@@ -367,6 +367,7 @@ async def _events(
         done: GenerationDone | None = None
         produced = 0
         ended = False  # a stop sequence or a repeated call ended the turn early
+        closing = False  # the output looped, and the engine is closing its value
         started = False
         first = False  # the first output (past admission) arrived
         try:
@@ -388,7 +389,9 @@ async def _events(
                     progress.produced = produced
                     for event in guard.filter(reader.feed(chunk)):
                         yield event
-                    if reader.stopped or guard.ended or reader.looped:
+                    if reader.looped and not closing:  # closed, a looped answer still parses
+                        closing = stream.wrap_up()
+                    if reader.stopped or guard.ended or (reader.looped and not closing):
                         ended = True
                         break  # closing the stream cancels the rest of the generation
             cut_off = reader.looped or (done is not None and done.finish_reason == "length")
@@ -401,8 +404,10 @@ async def _events(
         # engine reported for the tokens past it (cancelled, or cut at the limit).
         if done is None or (ended and done.finish_reason in ("cancelled", "length")):
             done = _ended_early(prepared, produced, ended, reader.looped)
-            if reader.looped:
-                progress.looped(spec.params.api)
+        elif closing and done.finish_reason in ("stop", "cancelled") and not progress.interrupted:
+            done = replace(done, finish_reason="length")  # the loop cut it, closed or not
+        if reader.looped:
+            progress.looped(spec.params.api)
         progress.check_window(spec.params.api, done, produced, engine.context_window)
         usage = Usage(
             input_tokens=done.prompt_tokens,

@@ -161,6 +161,51 @@ async def test_a_verbatim_tool_call_copy_stays_exact(
     assert len(calls) == 1 and json.loads(calls[0].arguments) == {"text": note}
 
 
+async def test_a_looping_structured_answer_is_closed_and_still_parses(
+    engine: FakeEngine, sdk: openai.AsyncOpenAI, http: httpx.AsyncClient
+) -> None:
+    # A string value that loops: the engine is asked to close the value instead of being cut.
+    looping = ['{"name": "', *(["john_"] * 60), '", "age": 3}']
+    closing = ['", "age": 0}']
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "name": "p", "strict": True, "schema": schema}
+    engine.add(Reply(looping, closing=closing), Reply(looping, closing=closing))
+    resp = strict_response(
+        (await sdk.responses.create(model=FAKE_MODEL, input="hi", text={"format": fmt})).to_dict()
+    )
+    assert resp.status == "incomplete"
+    assert resp.incomplete_details is not None
+    assert resp.incomplete_details.reason == "max_output_tokens"
+    value_ = json.loads(resp.output_text)
+    assert value_["age"] == 0 and value_["name"].startswith("john_john_")
+    assert len(value_["name"]) < 60 * len("john_")
+
+    chat = await sdk.chat.completions.create(
+        model=FAKE_MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    )
+    assert chat.choices[0].finish_reason == "length"
+    assert json.loads(chat.choices[0].message.content or "")["age"] == 0
+    assert [c.wrapped for c in engine.calls] == [True, True]
+    samples = await scrape(http)
+    assert value(samples, "respd_repetition_stops_total", api="responses") == 1
+    assert value(samples, "respd_repetition_stops_total", api="chat") == 1
+
+
+async def test_a_loop_that_cannot_close_is_cut(engine: FakeEngine, sdk: openai.AsyncOpenAI) -> None:
+    engine.add(loop_reply())  # no `closing`: the engine cannot close its output
+    resp = await sdk.responses.create(model=FAKE_MODEL, input="hi")
+    assert resp.status == "incomplete"
+    [call] = engine.calls
+    assert call.wrapped and call.cancelled
+
+
 # -- the default output cap -----------------------------------------------------------------
 
 
