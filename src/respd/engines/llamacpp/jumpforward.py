@@ -30,9 +30,7 @@ one-character tokens per character, microseconds beside a decode step, and insid
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +40,7 @@ import llama_cpp
 
 from respd.engines.base import EngineStats
 from respd.engines.defaults import JumpForward
+from respd.engines.llamacpp.sampler import Candidates
 
 log = logging.getLogger(__name__)
 
@@ -157,13 +156,7 @@ class ForcedText:
         self._chars = [c for c, _ in probes]
         self._ids = [t for _, t in probes]
         self._tokenize = tokenize
-        self._data = (llama_cpp.llama_token_data * max(1, len(probes)))()
-        self._array = llama_cpp.llama_token_data_array(
-            data=ctypes.cast(self._data, llama_cpp.llama_token_data_p),
-            size=len(probes),
-            selected=-1,
-            sorted=False,
-        )
+        self._probes = Candidates(len(probes))
 
     def __bool__(self) -> bool:
         return bool(self._ids)
@@ -201,11 +194,9 @@ class ForcedText:
     def _allowed(self, walker: Any) -> list[int]:
         """Indices of the probe characters the grammar admits next."""
         for i, token in enumerate(self._ids):
-            self._data[i] = llama_cpp.llama_token_data(token, 0.0, 0.0)
-        self._array.size = len(self._ids)
-        self._array.selected = -1
-        llama_cpp.llama_sampler_apply(walker, ctypes.byref(self._array))
-        return [i for i in range(len(self._ids)) if not math.isinf(self._data[i].logit)]
+            self._probes.put(i, token)
+        self._probes.apply(walker, len(self._ids))
+        return [i for i in range(len(self._ids)) if not self._probes.rejected(i)]
 
     def _choose(self, allowed: list[int], spacing: Spacing, previous: str) -> int | None:
         """The character to walk on: the one admitted, or of a space and one other the

@@ -57,6 +57,31 @@ DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 GRAMMAR_WINDOW = 256
 
 
+class Candidates:
+    """A buffer of token candidates reused step after step, and the llama.cpp array over it
+    that samplers take (a grammar sets a token it rejects to -inf)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.data = (llama_cpp.llama_token_data * max(1, capacity))()
+        self.array = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(self.data, llama_cpp.llama_token_data_p),
+            size=capacity,
+            selected=-1,
+            sorted=False,
+        )
+
+    def put(self, i: int, token: int, logit: float = 0.0) -> None:
+        self.data[i] = llama_cpp.llama_token_data(token, logit, 0.0)
+
+    def apply(self, sampler: Any, size: int) -> None:
+        """Apply `sampler` to the first `size` candidates."""
+        self.array.size, self.array.selected, self.array.sorted = size, -1, False
+        llama_cpp.llama_sampler_apply(sampler, ctypes.byref(self.array))
+
+    def rejected(self, i: int) -> bool:
+        return math.isinf(self.data[i].logit)
+
+
 class GrammarCheckedSampler:
     """A sampler chain (`chain`, a llama.cpp sampler pointer) constrained by a GBNF grammar.
     `top`: the chain keeps only that many likeliest tokens and changes no logit before (see
@@ -67,32 +92,18 @@ class GrammarCheckedSampler:
     ) -> None:
         self._chain = chain
         self._top = top if top is not None and 0 < top <= GRAMMAR_WINDOW // 4 else None
-        self._window = (llama_cpp.llama_token_data * GRAMMAR_WINDOW)()
-        self._window_array = llama_cpp.llama_token_data_array(
-            data=ctypes.cast(self._window, llama_cpp.llama_token_data_p),
-            size=GRAMMAR_WINDOW,
-            selected=-1,
-            sorted=False,
-        )
+        self._window = Candidates(GRAMMAR_WINDOW)
         self._grammar = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
         if not self._grammar:
             raise ValueError("the grammar sampler rejected the grammar")
         self._n_vocab = n_vocab
-        self._one = (llama_cpp.llama_token_data * 1)()
-        self._one_array = llama_cpp.llama_token_data_array(
-            data=ctypes.cast(self._one, llama_cpp.llama_token_data_p),
-            size=1,
-            selected=-1,
-            sorted=False,
-        )
+        self._one = Candidates(1)
         self._all = _internals.LlamaTokenDataArray(n_vocab=n_vocab) if n_vocab else None
 
     def _allowed(self, token: int) -> bool:
-        self._one[0] = llama_cpp.llama_token_data(token, 0.0, 0.0)
-        self._one_array.size = 1
-        self._one_array.selected = -1
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
-        return not math.isinf(self._one[0].logit)
+        self._one.put(0, token)
+        self._one.apply(self._grammar, 1)
+        return not self._one.rejected(0)
 
     def sample(self, ctx: Any, idx: int) -> int:
         """Sample the token at batch index `idx` of context pointer `ctx`."""
@@ -118,21 +129,17 @@ class GrammarCheckedSampler:
         )
         ids = np.argpartition(logits, -GRAMMAR_WINDOW)[-GRAMMAR_WINDOW:]
         ids = ids[np.argsort(-logits[ids], kind="stable")]
+        window = self._window
         for i, token in enumerate(ids.tolist()):
-            self._window[i] = llama_cpp.llama_token_data(token, float(logits[token]), 0.0)
-        arr = self._window_array
-        arr.size, arr.selected, arr.sorted = GRAMMAR_WINDOW, -1, False
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(arr))
-        kept = [
-            self._window[i] for i in range(GRAMMAR_WINDOW) if not math.isinf(self._window[i].logit)
-        ]
+            window.put(i, token, float(logits[token]))
+        window.apply(self._grammar, GRAMMAR_WINDOW)
+        kept = [window.data[i] for i in range(GRAMMAR_WINDOW) if not window.rejected(i)]
         if len(kept) < self._top:
             return -1
         for i, data in enumerate(kept):
-            self._window[i] = data
-        arr.size, arr.selected, arr.sorted = len(kept), -1, False
-        llama_cpp.llama_sampler_apply(self._chain, ctypes.byref(arr))
-        return int(self._window[arr.selected].id)
+            window.data[i] = data
+        window.apply(self._chain, len(kept))
+        return int(window.data[window.array.selected].id)
 
     @property
     def grammar(self) -> Any:
