@@ -65,7 +65,7 @@ class Job:
     # the draft decoded after `next_token` this step, which the samples then verify.
     lookup: NgramLookup | None = None
     draft: list[int] = field(default_factory=list)
-    jumped: list[int] = field(default_factory=list)  # the draft, when its grammar forced it
+    jumped: bool = False  # the draft is text its grammar forced (jump-forward)
     spacing: Spacing = field(default_factory=Spacing)  # its output's spaces, for such drafts
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -158,9 +158,6 @@ class ForcedText:
         self._tokenize = tokenize
         self._probes = Candidates(len(probes))
 
-    def __bool__(self) -> bool:
-        return bool(self._ids)
-
     def text(self, grammar: Any, spacing: Spacing, max_chars: int = MAX_CHARS) -> str:
         """The text `grammar` (a llama.cpp grammar sampler, left as it is) forces next,
         optional spaces decided by `spacing`."""

@@ -383,9 +383,10 @@ class DecodeWorker:
             return []
         if jumps:
             assert job.grammar is not None
-            job.jumped = self._forced_text.draft(job.grammar.grammar, job.spacing, room)
-            if job.jumped or self.speculation is None:
-                return job.jumped
+            forced = self._forced_text.draft(job.grammar.grammar, job.spacing, room)
+            job.jumped = bool(forced)
+            if forced or self.speculation is None:
+                return forced
         assert self.speculation is not None
         if job.lookup is None:
             job.lookup = NgramLookup(self.speculation)
@@ -413,7 +414,7 @@ class DecodeWorker:
             accepted += 1
             self._sample(job, idx + accepted)
         kind = "jump_forward" if job.jumped else "draft"
-        job.jumped = []
+        job.jumped = False
         self._stats.add(f"{kind}_tokens", len(draft))
         self._stats.add(f"{kind}_accepted", accepted)
         if job.lookup is not None:
@@ -512,30 +513,28 @@ class DecodeWorker:
 
     @cached_property
     def _closing_vocab(self) -> ClosingVocab:
-        pieces = [self._model.detokenize([t], special=False) for t in range(self._model.n_vocab())]
+        pieces = [self._piece(t) for t in range(self._model.n_vocab())]
         eog = min(t for t in self._eog_ids if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         return ClosingVocab.of(pieces, eog)
 
     def _closer(self, grammar: str) -> Closer:
-        return Closer(
-            self._closing_vocab,
-            grammar,
-            lambda text: self._model.tokenize(text.encode(), add_bos=False, special=False),
-        )
+        return Closer(self._closing_vocab, grammar, self._text_tokens)
 
     @cached_property
     def _forced_text(self) -> ForcedText:
-        return ForcedText(
-            lambda t: self._model.detokenize([t], special=False),
-            lambda text: self._model.tokenize(text.encode(), add_bos=False, special=False),
-            self._model.n_vocab(),
-        )
+        return ForcedText(self._piece, self._text_tokens, self._model.n_vocab())
 
     @cached_property
     def _logprob_reader(self) -> LogprobReader:
-        return LogprobReader(
-            self._model.n_vocab(), lambda t: self._model.detokenize([t], special=False)
-        )
+        return LogprobReader(self._model.n_vocab(), self._piece)
+
+    def _piece(self, token: int) -> bytes:
+        """One token's text, as plain text (a special token's is empty)."""
+        return bytes(self._model.detokenize([token], special=False))
+
+    def _text_tokens(self, text: str) -> list[int]:
+        """Plain text's tokens, no BOS, special-token markup read as text."""
+        return list(self._model.tokenize(text.encode(), add_bos=False, special=False))
 
     def _finish(
         self,

@@ -20,7 +20,8 @@ def test_probes_are_the_characters_that_are_one_token_of_their_own() -> None:
     ft = forced_text(single='{}":, ab')
     assert sorted(ft._chars) == sorted('{}":, ab')
     assert all(ft._ids[i] == ord(c) for i, c in enumerate(ft._chars))
-    assert not forced_text(single="")  # no probes: never drafts
+    # No probes: never drafts (the grammar is not even read, so any object stands in for it).
+    assert forced_text(single="").draft(object(), Spacing(), room=8) == []
 
 
 def test_one_admitted_character_is_taken() -> None:
