@@ -2,11 +2,14 @@
 when the chain keeps only its top few: the same tokens come out as with a check of the whole
 vocabulary, greedy and seeded top-k sampling alike. Greedy, the window served them; top-k
 (40) needs 40 allowed tokens in the window, which structural positions (a quote or nothing)
-never have, so there the whole vocabulary is checked as before."""
+never have, so there the whole vocabulary is checked as before. Closing an answer before its
+budget picks its tokens from the window and the closers alike, the same as from the whole
+vocabulary."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,3 +95,27 @@ def test_chains_that_change_logits_first_check_everything() -> None:
     assert sampler.chain_top(SamplingParams(temperature=0, logit_bias={1: 2.0}), context) is None
     assert sampler.chain_top(SamplingParams(presence_penalty=0.5), context) is None
     assert sampler.chain_top(SamplingParams(dry_multiplier=0.8), context) is None
+
+
+def test_closing_from_the_window_picks_what_the_whole_vocabulary_would(
+    engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A budget so small that the answer closes almost from its first token: every step is a
+    # closing sample, decided from the likeliest tokens and the closers when it can be.
+    params = SamplingParams(temperature=0, max_tokens=32)
+    decided: list[bool] = []
+    window = sampler.GrammarCheckedSampler._closing_window
+
+    def counting(self: Any, *args: Any) -> Any:
+        picked = window(self, *args)
+        decided.append(picked is not None)
+        return picked
+
+    monkeypatch.setattr(sampler.GrammarCheckedSampler, "_closing_window", counting)
+    windowed = run(engine, params)
+    assert sum(decided) >= 10, decided  # the window decided most steps
+    assert json.loads(windowed.text)  # closed before the budget ran out
+    monkeypatch.setattr(sampler.GrammarCheckedSampler, "_closing_window", lambda *a: None)
+    whole = run(engine, params)
+    assert windowed.tokens == whole.tokens and windowed.text == whole.text
+    assert windowed.finished.finish_reason == whole.finished.finish_reason == "length"

@@ -44,6 +44,7 @@ class ClosingVocab:
     lengths: np.ndarray  # per token: its text's length in bytes
     alphabet: np.ndarray  # ids: the one-character tokens and the closing ones
     eog: int  # an end-of-generation token: allowed once the grammar's value is complete
+    closers: np.ndarray  # ids: every token that closes anything (positive preference)
 
     @classmethod
     def of(cls, pieces: Sequence[bytes], eog: int) -> ClosingVocab:
@@ -56,7 +57,7 @@ class ClosingVocab:
             preference[token] = _preference(text)
             if len(text) == 1 or preference[token] > 0:
                 alphabet.append(token)
-        return cls(preference, lengths, np.unique(alphabet), eog)
+        return cls(preference, lengths, np.unique(alphabet), eog, np.flatnonzero(preference > 0))
 
 
 def _preference(text: str) -> int:

@@ -81,6 +81,13 @@ class Candidates:
     def rejected(self, i: int) -> bool:
         return math.isinf(self.data[i].logit)
 
+    def passing(self, sampler: Any, tokens: Sequence[int], logits: np.ndarray) -> list[int]:
+        """Of `tokens` (at most the capacity), those `sampler` leaves standing, in order."""
+        for i, token in enumerate(tokens):
+            self.put(i, token, float(logits[token]))
+        self.apply(sampler, len(tokens))
+        return [int(self.data[i].id) for i in range(len(tokens)) if not self.rejected(i)]
+
 
 class GrammarCheckedSampler:
     """A sampler chain (`chain`, a llama.cpp sampler pointer) constrained by a GBNF grammar.
@@ -98,6 +105,7 @@ class GrammarCheckedSampler:
             raise ValueError("the grammar sampler rejected the grammar")
         self._n_vocab = n_vocab
         self._one = Candidates(1)
+        self._closers: Candidates | None = None  # sized at the first closing sample
         self._all = _internals.LlamaTokenDataArray(n_vocab=n_vocab) if n_vocab else None
 
     def _allowed(self, token: int) -> bool:
@@ -110,8 +118,7 @@ class GrammarCheckedSampler:
         token = int(llama_cpp.llama_sampler_sample(self._chain, ctx, idx))
         if not self._allowed(token) and (token := self._sample_window(ctx, idx)) < 0:
             assert self._all is not None
-            logits = llama_cpp.llama_get_logits_ith(ctx, idx)
-            self._all.copy_logits(np.ctypeslib.as_array(logits, shape=(self._n_vocab,)))
+            self._all.copy_logits(self._logits(ctx, idx))
             candidates = ctypes.byref(self._all.candidates)
             llama_cpp.llama_sampler_apply(self._grammar, candidates)
             llama_cpp.llama_sampler_apply(self._chain, candidates)
@@ -124,47 +131,81 @@ class GrammarCheckedSampler:
         the `GRAMMAR_WINDOW` likeliest; -1 when that cannot be the full check's answer."""
         if self._top is None:
             return -1
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_logits_ith(ctx, idx), shape=(self._n_vocab,)
-        )
-        ids = np.argpartition(logits, -GRAMMAR_WINDOW)[-GRAMMAR_WINDOW:]
-        ids = ids[np.argsort(-logits[ids], kind="stable")]
-        window = self._window
-        for i, token in enumerate(ids.tolist()):
-            window.put(i, token, float(logits[token]))
-        window.apply(self._grammar, GRAMMAR_WINDOW)
-        kept = [window.data[i] for i in range(GRAMMAR_WINDOW) if not window.rejected(i)]
+        logits = self._logits(ctx, idx)
+        kept = self._window.passing(self._grammar, self._likeliest(logits), logits)
         if len(kept) < self._top:
             return -1
-        for i, data in enumerate(kept):
-            window.data[i] = data
-        window.apply(self._chain, len(kept))
-        return int(window.data[window.array.selected].id)
+        for i, token in enumerate(kept):
+            self._window.put(i, token, float(logits[token]))
+        self._window.apply(self._chain, len(kept))
+        return int(self._window.data[self._window.array.selected].id)
+
+    def _logits(self, ctx: Any, idx: int) -> np.ndarray:
+        logits = llama_cpp.llama_get_logits_ith(ctx, idx)
+        return np.ctypeslib.as_array(logits, shape=(self._n_vocab,))
+
+    @staticmethod
+    def _likeliest(logits: np.ndarray) -> list[int]:
+        """The `GRAMMAR_WINDOW` likeliest tokens, likeliest first."""
+        ids = np.argpartition(logits, -GRAMMAR_WINDOW)[-GRAMMAR_WINDOW:]
+        return [int(t) for t in ids[np.argsort(-logits[ids], kind="stable")]]
 
     @property
     def grammar(self) -> Any:
         """The grammar sampler (a llama.cpp pointer), for `closing.Closer` to clone."""
         return self._grammar
 
-    def sample_closing(self, ctx: Any, idx: int, preference: np.ndarray) -> tuple[int, bool]:
+    def sample_closing(
+        self, ctx: Any, idx: int, preference: np.ndarray, closers: np.ndarray
+    ) -> tuple[int, bool]:
         """The token at `idx` that most closes the grammar's value: among the tokens the
         grammar allows, those of the highest `preference` (see `closing.ClosingVocab`), of
         them the model's likeliest. Also whether that differs from the model's own first
-        choice among the allowed tokens (the budget, not the model, chose it)."""
-        assert self._all is not None
-        logits = llama_cpp.llama_get_logits_ith(ctx, idx)
-        self._all.copy_logits(np.ctypeslib.as_array(logits, shape=(self._n_vocab,)))
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._all.candidates))
-        scores = self._all.candidates_data.logit  # the disallowed at -inf; ids in order
-        allowed = np.isfinite(scores)
-        if not allowed.any():  # nothing fits: let the usual path report it
+        choice among the allowed tokens (the budget, not the model, chose it). `closers`:
+        every token of positive preference."""
+        logits = self._logits(ctx, idx)
+        picked = self._closing_window(logits, preference, closers)
+        if picked is None:
+            picked = self._closing_whole(logits, preference)
+        if picked is None:  # nothing fits: let the usual path report it
             return self.sample(ctx, idx), False
-        own = int(np.argmax(scores))
-        best = preference[allowed].max()
-        token = int(np.argmax(np.where(allowed & (preference == best), scores, -np.inf)))
+        token, own = picked
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token, token != own
+
+    def _closing_window(
+        self, logits: np.ndarray, preference: np.ndarray, closers: np.ndarray
+    ) -> tuple[int, int] | None:
+        """`sample_closing`'s choice and the model's own, from the likeliest tokens and the
+        closers alone (a few hundred grammar checks, not the whole vocabulary); None when
+        those cannot decide it. Exact: every token that closes anything is a closer, and
+        if an allowed plain token is among the likeliest, so is the likeliest of them."""
+        allowed = self._window.passing(self._grammar, self._likeliest(logits), logits)
+        if not allowed:
+            return None
+        if self._closers is None or len(self._closers.data) < len(closers):
+            self._closers = Candidates(len(closers))
+        closing = np.array(self._closers.passing(self._grammar, closers.tolist(), logits))
+        if len(closing):
+            best = closing[preference[closing] == preference[closing].max()]
+            # The likeliest; of equals, the lowest id (as an argmax over the vocabulary).
+            return int(best[np.lexsort((best, -logits[best]))[0]]), allowed[0]
+        plain = [t for t in allowed if preference[t] == 0]
+        return (plain[0], allowed[0]) if plain else None
+
+    def _closing_whole(self, logits: np.ndarray, preference: np.ndarray) -> tuple[int, int] | None:
+        """`sample_closing`'s choice and the model's own over the whole vocabulary."""
+        assert self._all is not None
+        self._all.copy_logits(logits)
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._all.candidates))
+        scores = self._all.candidates_data.logit  # the disallowed at -inf; ids in order
+        allowed = np.isfinite(scores)
+        if not allowed.any():
+            return None
+        best = preference[allowed].max()
+        token = int(np.argmax(np.where(allowed & (preference == best), scores, -np.inf)))
+        return token, int(np.argmax(scores))
 
     def close(self) -> None:
         if self._grammar:

@@ -475,8 +475,9 @@ class DecodeWorker:
             self._finish(job, "cancelled")  # its output looped and cannot close: cut it
             return
         if job.grammar is not None and job.closer is not None and job.closer.due(job.grammar, left):
+            vocab = self._closing_vocab
             token, forced = job.grammar.sample_closing(
-                self._ctx.ctx, idx, self._closing_vocab.preference
+                self._ctx.ctx, idx, vocab.preference, vocab.closers
             )
             job.closed_early |= forced
         elif job.grammar is not None:
