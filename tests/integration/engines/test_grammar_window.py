@@ -101,7 +101,8 @@ def test_closing_from_the_window_picks_what_the_whole_vocabulary_would(
     engine: LlamaCppEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A budget so small that the answer closes almost from its first token: every step is a
-    # closing sample, decided from the likeliest tokens and the closers when it can be.
+    # closing step, and those the grammar leaves a choice are decided from the likeliest
+    # tokens and the closers when they can be.
     params = SamplingParams(temperature=0, max_tokens=32)
     decided: list[bool] = []
     window = sampler.GrammarCheckedSampler._closing_window
@@ -113,7 +114,8 @@ def test_closing_from_the_window_picks_what_the_whole_vocabulary_would(
 
     monkeypatch.setattr(sampler.GrammarCheckedSampler, "_closing_window", counting)
     windowed = run(engine, params)
-    assert sum(decided) >= 10, decided  # the window decided most steps
+    # The steps where the grammar left a choice (forced text is written as it is).
+    assert sum(decided) >= 4, decided
     assert json.loads(windowed.text)  # closed before the budget ran out
     monkeypatch.setattr(sampler.GrammarCheckedSampler, "_closing_window", lambda *a: None)
     whole = run(engine, params)

@@ -26,6 +26,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from respd.engines.llamacpp.jumpforward import ForcedText, Spacing
 from respd.engines.llamacpp.sampler import GrammarCheckedSampler
 
 CLOSERS = frozenset('"}]')
@@ -86,12 +87,29 @@ def grammar_literals(grammar: str) -> list[str]:
     return [unescape(m[1]) for m in _LITERAL.finditer(grammar)]
 
 
+class _Tight(Spacing):
+    """No optional space: a closing answer spends no token on one."""
+
+    __slots__ = ()
+
+    def spaced(self, previous: str) -> bool:
+        return False
+
+
 class Closer:
-    """One job's closing estimate; `due` says when to start closing (and stays true)."""
+    """One job's closing estimate; `due` says when to start closing (and stays true), and
+    `sample` picks each closing token. `forced`: the walk to the text the grammar forces,
+    which closing spells in the fewest tokens (the model, token by token, may take more)."""
 
     def __init__(
-        self, vocab: ClosingVocab, grammar: str, tokenize: Callable[[str], list[int]]
+        self,
+        vocab: ClosingVocab,
+        grammar: str,
+        tokenize: Callable[[str], list[int]],
+        forced: ForcedText | None = None,
     ) -> None:
+        self._tokenize = tokenize
+        self._forced = forced
         spellings = {s for text in set(grammar_literals(grammar)) for s in (text, " " + text)}
         spelled = {t for text in spellings for t in tokenize(text)}
         self._vocab = vocab
@@ -119,6 +137,19 @@ class Closer:
             need = self.need(sampler.grammar)
             self.closing = need is not None and left <= need + 4 + need // 2
         return self.closing
+
+    def sample(self, sampler: GrammarCheckedSampler, ctx: Any, idx: int) -> tuple[int, bool]:
+        """The next closing token at batch index `idx`, and whether the budget rather than
+        the model chose it: the first token of the text the grammar forces from here (a key
+        and its punctuation; the model had no other text to write), else the allowed token
+        that closes most (`GrammarCheckedSampler.sample_closing`)."""
+        # Whitespace is never taken as forced: the walk reads only printable characters, so
+        # a lone space it finds may stand beside an end of generation it cannot see.
+        text = self._forced.text(sampler.grammar, _Tight()).strip() if self._forced else ""
+        if text and sampler.take(token := self._tokenize(text)[0]):
+            return token, False
+        vocab = self._vocab
+        return sampler.sample_closing(ctx, idx, vocab.preference, vocab.closers)
 
     def close_now(self, sampler: GrammarCheckedSampler) -> bool:
         """Start closing now, whatever the tokens left; false when the value cannot be

@@ -174,6 +174,14 @@ class GrammarCheckedSampler:
         llama_cpp.llama_sampler_accept(self._chain, token)
         return token, token != own
 
+    def take(self, token: int) -> bool:
+        """Take `token` as the next one without sampling, if the grammar allows it."""
+        if not self._allowed(token):
+            return False
+        llama_cpp.llama_sampler_accept(self._grammar, token)
+        llama_cpp.llama_sampler_accept(self._chain, token)
+        return True
+
     def _closing_window(
         self, logits: np.ndarray, preference: np.ndarray, closers: np.ndarray
     ) -> tuple[int, int] | None:

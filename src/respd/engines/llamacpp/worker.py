@@ -475,10 +475,7 @@ class DecodeWorker:
             self._finish(job, "cancelled")  # its output looped and cannot close: cut it
             return
         if job.grammar is not None and job.closer is not None and job.closer.due(job.grammar, left):
-            vocab = self._closing_vocab
-            token, forced = job.grammar.sample_closing(
-                self._ctx.ctx, idx, vocab.preference, vocab.closers
-            )
+            token, forced = job.closer.sample(job.grammar, self._ctx.ctx, idx)
             job.closed_early |= forced
         elif job.grammar is not None:
             token = job.grammar.sample(self._ctx.ctx, idx)
@@ -519,7 +516,7 @@ class DecodeWorker:
         return ClosingVocab.of(pieces, eog)
 
     def _closer(self, grammar: str) -> Closer:
-        return Closer(self._closing_vocab, grammar, self._text_tokens)
+        return Closer(self._closing_vocab, grammar, self._text_tokens, self._forced_text)
 
     @cached_property
     def _forced_text(self) -> ForcedText:

@@ -1,5 +1,6 @@
 """Closing a constrained output before its limit: the token ranking and the replay that
-estimates how many tokens close a grammar's value, on the embedded model's vocabulary."""
+estimates how many tokens close a grammar's value, and the forced text closing spells in its own
+tokens, on the embedded model's vocabulary."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import llama_cpp
 import pytest
 
 from respd.engines.llamacpp.closing import Closer, ClosingVocab, _preference, grammar_literals
+from respd.engines.llamacpp.jumpforward import ForcedText
+from respd.engines.llamacpp.sampler import GrammarCheckedSampler
 from tests.unit.engines.llamacpp.grammar_oracle import _tokens, _vocab, schema_grammar
 
 BOX = {
@@ -110,3 +113,35 @@ def test_any_json_closes_from_inside_nesting(value: object) -> None:
     prefix = text[: text.index("open") + 3]
     steps = need(grammar, prefix)
     assert steps is not None and steps <= 8
+
+
+def test_closing_spells_the_forced_text_in_its_own_tokens() -> None:
+    """Where the grammar forces the text (the next keys and their punctuation), closing takes
+    the text's own tokens with no optional space, not the model's: fewer tokens to the end."""
+    grammar = schema_grammar(BOX).text
+    _, vocab = _vocab()
+    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    buf = (ctypes.c_char * 64)()
+
+    def piece(token: int) -> bytes:
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, 64, 0, False)
+        return buf.raw[: max(n, 0)]
+
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+    sampler = GrammarCheckedSampler(chain, vocab, grammar, n_vocab)
+    try:
+        for token in tokenize('{"label": null'):
+            assert sampler.take(token)
+        closer = Closer(closing_vocab(), grammar, tokenize, ForcedText(piece, tokenize, n_vocab))
+        forced = ',"dims":{"width":'  # then a digit: the model's choice again
+        spelt: list[str] = []
+        while "".join(spelt) != forced:
+            assert forced.startswith("".join(spelt)), spelt
+            token, overridden = closer.sample(sampler, None, 0)  # no logits are read
+            assert not overridden
+            spelt.append(piece(token).decode())
+        assert len(spelt) == len(tokenize(forced)) < len(forced) / 2
+    finally:
+        sampler.close()
+        llama_cpp.llama_sampler_free(chain)
