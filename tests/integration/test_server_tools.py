@@ -201,6 +201,8 @@ def test_a_forced_web_search_runs_on_searxng_and_the_answer_cites_a_page(
         tools=[{"type": "web_search", "search_context_size": "low"}],
         tool_choice={"type": "web_search_preview"},  # the SDK's name for the choice
         include=["web_search_call.action.sources"],
+        # One search, then the answer: left free, the model may search again first.
+        max_tool_calls=1,
     )
     assert len(search.queries) == before + 1
     call = done.output[0]

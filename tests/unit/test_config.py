@@ -93,6 +93,14 @@ def test_each_component_gets_its_own_settings() -> None:
     assert Settings().speculation_settings() is None
 
 
+def test_the_embedding_context_loads_its_weights_as_the_engine_does(tmp_path: Path) -> None:
+    """`--repack` reaches the chat model's embedding context too: it loads its own copy of
+    the weights, and AMX-repacked weights kill the process on some VMs."""
+    for flag, repack in (("auto", None), ("on", True), ("off", False)):
+        [embedder] = Settings(repack=flag).embedders((tmp_path / "m.gguf", "m"))
+        assert getattr(embedder, "repack", "missing") is repack
+
+
 def test_alias_derivation() -> None:
     assert alias_from_path(Path("SmolLM2-135M-Instruct.Q4_1.gguf")) == "smollm2-135m-instruct"
     assert (

@@ -294,7 +294,13 @@ class EngineConfig(BaseModel):
             path = self.embedding_model.expanduser()
             sources.append((path, alias_from_path(path)))
         return [
-            LlamaEmbedder(path, model_id=model_id, n_ctx=self.ctx_size, n_threads=self.threads)
+            LlamaEmbedder(
+                path,
+                model_id=model_id,
+                n_ctx=self.ctx_size,
+                n_threads=self.threads,
+                repack=self.repack_weights(),
+            )
             for path, model_id in sources
         ]
 

@@ -6,8 +6,9 @@ the model's own; the cache holds exactly the output; the walk finds the schema's
 `auto` measures what a batched token costs once and drafts only where that pays.
 
 The prompts give the model its answer, so its tokens are confident: batches of other shapes
-round logits a little differently (see docs/operating/performance.md), which must not decide
-any token here."""
+round logits a little differently (see docs/operating/performance.md). Where the model's two
+likeliest tokens still lie within that rounding (it depends on the CPU's kernels: AVX-512
+ones moved a logprob by 0.04), the runs may part there, and only there."""
 
 from __future__ import annotations
 
@@ -99,7 +100,22 @@ def generate(
     return runs, drafted, accepted
 
 
-GREEDY = SamplingParams(temperature=0, max_tokens=120)
+GREEDY = SamplingParams(temperature=0, max_tokens=120, logprobs=5)
+TIE = 0.15  # nats: two tokens this close are a tie batches of another shape may break
+
+
+def assert_same_greedy(run: Output, plain: Output) -> None:
+    """`run` has `plain`'s tokens, or parts from it at a tie only: where it first differs,
+    `plain` ranked `run`'s token within `TIE` of its own (read from the raw logprobs)."""
+    pairs = enumerate(zip(run.tokens, plain.tokens, strict=False))  # one may end sooner
+    parted = next((i for i, (a, b) in pairs if a != b), None)
+    if parted is None:
+        assert run.tokens == plain.tokens and run.text == plain.text
+        return
+    mine, theirs = run.logprobs[parted], plain.logprobs[parted]
+    ranked = {t.token: t.logprob for t in theirs.top}
+    assert mine.token in ranked, (parted, mine, theirs)
+    assert theirs.logprob - ranked[mine.token] <= TIE, (parted, mine, theirs)
 
 
 def test_schema_output_is_the_same_tokens_with_fewer_steps(engine: LlamaCppEngine) -> None:
@@ -107,7 +123,7 @@ def test_schema_output_is_the_same_tokens_with_fewer_steps(engine: LlamaCppEngin
     [plain], drafted_off, _ = generate(engine, [prompt], GREEDY, jump="off")
     [run], drafted, accepted = generate(engine, [prompt], GREEDY, jump="on")
     assert drafted_off == 0
-    assert run.tokens == plain.tokens and run.text == plain.text
+    assert_same_greedy(run, plain)
     value = json.loads(run.text)
     assert set(value) == set(PROFILE["properties"])
     # The keys, quotes, colons and commas came out of drafts: a good part of the output,
@@ -120,7 +136,8 @@ def test_concurrent_jobs_each_walk_their_own_grammar(engine: LlamaCppEngine) -> 
     prompts = [record_prompt(engine, r, Constraint(answer=PROFILE)) for r in RECORDS]
     plain, _, _ = generate(engine, prompts, GREEDY, jump="off")
     runs, _, accepted = generate(engine, prompts, GREEDY, jump="on")
-    assert [r.tokens for r in runs] == [r.tokens for r in plain]
+    for run, alone in zip(runs, plain, strict=True):
+        assert_same_greedy(run, alone)
     assert all(set(json.loads(r.text)) == set(PROFILE["properties"]) for r in runs)
     assert accepted >= sum(len(r.tokens) for r in runs) // 4
 
@@ -137,10 +154,10 @@ def test_forced_tool_call_drafts_the_name_and_keys(engine: LlamaCppEngine) -> No
         reserve=80,
     )
     prompt = asyncio.run(engine.prepare(request))
-    params = SamplingParams(temperature=0, max_tokens=80)
+    params = SamplingParams(temperature=0, max_tokens=80, logprobs=5)
     [plain], _, _ = generate(engine, [prompt], params, jump="off")
     [run], drafted, accepted = generate(engine, [prompt], params, jump="on")
-    assert run.tokens == plain.tokens
+    assert_same_greedy(run, plain)
     assert "get_weather" in run.text
     # The call's head `{"name": "get_weather", "arguments": {"city": "` is one forced run.
     assert accepted >= 8, (drafted, accepted, run.text)
@@ -215,6 +232,7 @@ def test_auto_measures_batching_once_and_follows_it() -> None:
         assert eng.stats().details["batch_token_cost_ratio"] == ratio  # measured once
         # The measuring decodes left nothing behind: the same output as without drafts.
         [plain], _, _ = generate(eng, [prompt], GREEDY, jump="off")
-        assert auto.tokens == again.tokens == plain.tokens
+        assert auto.tokens == again.tokens
+        assert_same_greedy(auto, plain)
     finally:
         eng.close()

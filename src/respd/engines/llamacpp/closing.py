@@ -96,6 +96,9 @@ class _Tight(Spacing):
         return False
 
 
+_TIGHT = _Tight()  # stateless: one serves every closing step
+
+
 class Closer:
     """One job's closing estimate; `due` says when to start closing (and stays true), and
     `sample` picks each closing token. `forced`: the walk to the text the grammar forces,
@@ -145,7 +148,7 @@ class Closer:
         that closes most (`GrammarCheckedSampler.sample_closing`)."""
         # Whitespace is never taken as forced: the walk reads only printable characters, so
         # a lone space it finds may stand beside an end of generation it cannot see.
-        text = self._forced.text(sampler.grammar, _Tight()).strip() if self._forced else ""
+        text = self._forced.text(sampler.grammar, _TIGHT).strip() if self._forced else ""
         if text and sampler.take(token := self._tokenize(text)[0]):
             return token, False
         vocab = self._vocab

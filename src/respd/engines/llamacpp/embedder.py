@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +35,22 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
 
 
 class LlamaEmbedder:
-    def __init__(self, path: Path, *, model_id: str, n_ctx: int, n_threads: int) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        model_id: str,
+        n_ctx: int,
+        n_threads: int,
+        repack: bool | None = None,
+    ) -> None:
         self.model_id = model_id
         self.path = path
         self.max_tokens: int | None = n_ctx
         self._n_ctx = n_ctx
         self._n_threads = n_threads
-        self._llama: Any = None
+        self.repack = repack  # as the generating engine's (see loading.load_model)
+        self._llama: _Context | None = None
         self._lock = threading.Lock()
         self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"embed-{model_id}")
 
@@ -63,12 +73,12 @@ class LlamaEmbedder:
         with self._lock:
             llama = self._loaded()
             sequences = [
-                llama.tokenize(item.encode(), add_bos=True, special=False)
+                llama.model.tokenize(item.encode(), add_bos=True, special=False)
                 if isinstance(item, str)
                 else item
                 for item in inputs
             ]
-            n_vocab = llama.n_vocab()
+            n_vocab = llama.model.n_vocab()
             for i, tokens in enumerate(sequences):
                 if any(not 0 <= t < n_vocab for t in tokens):
                     raise TokenOutOfRange(i, n_vocab)
@@ -81,40 +91,24 @@ class LlamaEmbedder:
                 vectors.append(normalized(self._pooled(llama, tokens)))
             return Embeddings(vectors, sum(len(t) for t in sequences))
 
-    def _loaded(self) -> Any:
+    def _loaded(self) -> _Context:
         if self._llama is None:
-            import llama_cpp
-
-            declared = _declares_pooling(self.path)
-            self._llama = llama_cpp.Llama(
-                str(self.path),
-                embedding=True,
-                n_ctx=self._n_ctx,
-                n_batch=self._n_ctx,
-                n_ubatch=self._n_ctx,
-                n_threads=self._n_threads,
-                pooling_type=(
-                    llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
-                    if declared
-                    else llama_cpp.LLAMA_POOLING_TYPE_MEAN
-                ),
-                verbose=False,
-            )
+            self._llama = _Context.load(self.path, self._n_ctx, self._n_threads, self.repack)
         return self._llama
 
     @staticmethod
-    def _pooled(llama: Any, tokens: list[int]) -> list[float]:
+    def _pooled(llama: _Context, tokens: list[int]) -> list[float]:
         import llama_cpp
 
         if not tokens:
-            return [0.0] * llama.n_embd()
-        llama._ctx.kv_cache_clear()
-        llama._batch.reset()
-        llama._batch.add_sequence(tokens, 0, True)
-        llama._ctx.decode(llama._batch)
-        llama._batch.reset()
-        pointer = llama_cpp.llama_get_embeddings_seq(llama._ctx.ctx, 0)
-        return list(pointer[: llama.n_embd()])
+            return [0.0] * llama.model.n_embd()
+        llama.ctx.kv_cache_clear()
+        llama.batch.reset()
+        llama.batch.add_sequence(tokens, 0, True)
+        llama.ctx.decode(llama.batch)
+        llama.batch.reset()
+        pointer = llama_cpp.llama_get_embeddings_seq(llama.ctx.ctx, 0)
+        return list(pointer[: llama.model.n_embd()])
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
@@ -122,6 +116,43 @@ class LlamaEmbedder:
             if self._llama is not None:
                 self._llama.close()
                 self._llama = None
+
+
+@dataclass
+class _Context:
+    """The embedding context: its own copy of the weights, a context in embedding mode
+    whose batch takes a whole input at once, and that batch."""
+
+    model: Any
+    ctx: Any
+    batch: Any
+
+    @classmethod
+    def load(cls, path: Path, n_ctx: int, n_threads: int, repack: bool | None) -> _Context:
+        import llama_cpp
+        from llama_cpp import _internals as internals
+
+        from respd.engines.llamacpp.loading import load_model
+
+        declared = _declares_pooling(path)
+        model = load_model(path, repack)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_threads = params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = (
+            llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+            if declared
+            else llama_cpp.LLAMA_POOLING_TYPE_MEAN
+        )
+        ctx = internals.LlamaContext(model=model, params=params, verbose=False)
+        batch = internals.LlamaBatch(n_tokens=n_ctx, embd=0, n_seq_max=1, verbose=False)
+        return cls(model, ctx, batch)
+
+    def close(self) -> None:
+        self.batch.close()
+        self.ctx.close()
+        self.model.close()
 
 
 def _declares_pooling(path: Path) -> bool:

@@ -40,7 +40,6 @@ from typing import Any
 
 import llama_cpp
 from llama_cpp import _internals as internals
-from llama_cpp._logger import set_verbose as set_llama_verbose
 
 from respd.engines import defaults
 from respd.engines.base import (
@@ -60,6 +59,7 @@ from respd.engines.defaults import ImageEncode, JumpForward
 from respd.engines.families.profile import detect_profile
 from respd.engines.llamacpp.grammar import check_schema_for_grammar, compile_constraint
 from respd.engines.llamacpp.jobs import Job, JobStream
+from respd.engines.llamacpp.loading import load_model
 from respd.engines.llamacpp.multimodal import ImageChunk, Projector, ProjectorError
 from respd.engines.llamacpp.pages import released_zero_pages
 from respd.engines.llamacpp.sampler import (
@@ -77,25 +77,6 @@ from respd.engines.llamacpp.worker import DecodeWorker
 from respd.engines.prompting import MEDIA_MARKER, TemplatePrompter
 
 log = logging.getLogger(__name__)
-
-
-def cpu_advertises_amx() -> bool:
-    """Whether /proc/cpuinfo lists AMX (Linux only; elsewhere False)."""
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(line.startswith("flags") and " amx_int8" in line for line in cpuinfo.splitlines())
-
-
-def _load_model(model_path: Path, repack: bool | None) -> internals.LlamaModel:
-    set_llama_verbose(log.isEnabledFor(logging.DEBUG))  # llama.cpp's own chatter
-    llama_cpp.llama_backend_init()
-    mparams = llama_cpp.llama_model_default_params()
-    # Repacked (AMX / tiled) weight buffers are faster where they work, but ggml's AMX
-    # kernels segfault in some VMs that advertise AMX; `--repack` decides.
-    mparams.use_extra_bufts = (not cpu_advertises_amx()) if repack is None else repack
-    return internals.LlamaModel(path_model=str(model_path), params=mparams, verbose=False)
 
 
 class LlamaCppEngine:
@@ -144,7 +125,7 @@ class LlamaCppEngine:
         self.parallel = parallel
         self.max_queue = max_queue
         self._dry_breakers = dry_sequence_breakers
-        self._model = _load_model(model_path, repack)
+        self._model = load_model(model_path, repack)
         self.context_window = n_ctx
         self.n_vocab: int | None = self._model.n_vocab()
         self._n_batch = self._batch_size(n_batch, n_ctx, parallel)
