@@ -18,7 +18,8 @@ export function env() {
 
 function requestParts(input, init) {
   const url = typeof input === "string" ? input : input instanceof URL ? input.href : input.url;
-  const method = (init?.method ?? (typeof input === "object" && input.method) ?? "GET").toUpperCase();
+  const given = typeof input === "object" ? input.method : undefined; // a Request carries its own
+  const method = (init?.method ?? given ?? "GET").toUpperCase();
   return { url, method };
 }
 
