@@ -170,17 +170,21 @@ class GrammarCheckedSampler:
         if picked is None:  # nothing fits: let the usual path report it
             return self.sample(ctx, idx), False
         token, own = picked
-        llama_cpp.llama_sampler_accept(self._grammar, token)
-        llama_cpp.llama_sampler_accept(self._chain, token)
+        self._accept(token)
         return token, token != own
 
     def take(self, token: int) -> bool:
         """Take `token` as the next one without sampling, if the grammar allows it."""
         if not self._allowed(token):
             return False
+        self._accept(token)
+        return True
+
+    def _accept(self, token: int) -> None:
+        """Advance the grammar and the chain by a token chosen outside the chain's sample
+        (which advances the chain itself)."""
         llama_cpp.llama_sampler_accept(self._grammar, token)
         llama_cpp.llama_sampler_accept(self._chain, token)
-        return True
 
     def _closing_window(
         self, logits: np.ndarray, preference: np.ndarray, closers: np.ndarray
