@@ -11,7 +11,10 @@ from openai.types.responses import Response
 from tests.support import sdk_types
 from tests.support.servers import MODEL_ID
 
-LONG_PROMPT = "Count from 1 to 1000, separated by commas."
+# A job that outlasts whatever a test does to it (cancel, delete, kill): greedy, the default
+# model writes "1, 2, 3, ..." to any 1,500-token cap. ("Count from 1 to 1000" it answers with
+# a list of twenty, 121 tokens: over before a cancel lands on a loaded machine.)
+LONG_PROMPT = "Write the numbers from 1 to 1000, separated by commas."
 
 
 def strict(response: Any) -> Response:
