@@ -11,10 +11,24 @@ import httpx
 import openai
 import pytest
 
+from respd.config.engine import EngineConfig
 from tests.support.pg import fresh_schema
 from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
 
+# The engines some tests run in this process wait for work as `respd serve` does by default
+# (`--poll`), set before llama.cpp's OpenMP runtime loads. OpenMP's own default spins: two
+# xdist workers' engines spinning on two cores ran ten times slower than one alone.
+EngineConfig().apply_wait_policy()
+
 SHARED_CAP = ("--max-output-tokens", "128")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked `long` first, the rest in their order. CI deals this suite's modules
+    out whole, in this order, to two xdist workers (`--dist loadfile
+    --no-loadscope-reorder`): a long module started last would leave one worker running it
+    alone while the other sat idle."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # a stable sort
 
 
 @pytest.fixture(scope="session")

@@ -46,6 +46,7 @@ def llama_server(tmp: Path, alias: str) -> Iterator[int]:
             "-c", "4096",
             "-np", "2",
             "-t", "2",
+            "--poll", "0",  # idle threads sleep, as respd's do: other suites share the cores
             "--alias", alias,
             "--jinja",
             "--no-webui",
