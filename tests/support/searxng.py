@@ -61,7 +61,8 @@ def searxng(pages: list[Page], *, status: int = 200) -> Iterator[SearxNG]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits out one poll: the default half second would be most of a test's time
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
     thread.start()
     try:
         yield state
