@@ -10,9 +10,12 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from respd.engines.llamacpp.slots import common_prefix
 from tests.support.servers import MODEL_ID, RespdServer, start_server
+
+pytestmark = pytest.mark.long  # hundreds of requests
 
 PROMPTS = [
     "What is 2+2?",

@@ -27,6 +27,8 @@ from schemathesis.checks import (
 
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
+pytestmark = pytest.mark.long  # every route, many bodies
+
 EXAMPLES_PER_ROUTE = 40
 CHECKS = [
     not_a_server_error,

@@ -21,6 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.servers import MODEL_ID, RespdServer, start_server
 
+pytestmark = pytest.mark.long  # a fixed minute of load
+
 CLIENTS = 32
 SOAK_SECS = 60.0
 RSS_GROWTH_BOUND = 256 * 2**20

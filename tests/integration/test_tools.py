@@ -22,6 +22,8 @@ from tests.support.schemas import WEATHER_PARAMS
 from tests.support.sdk_types import strict_event, strict_response
 from tests.support.servers import MODEL_ID, RespdServer
 
+pytestmark = pytest.mark.long  # twenty seeds and three template families
+
 WEATHER = {
     "type": "function",
     "name": "get_weather",
