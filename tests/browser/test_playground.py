@@ -281,7 +281,9 @@ def test_a_server_tool_is_approved_in_its_card_and_runs(
     _open(page, server)
     tool = {"type": "mcp", "server_label": "facts", "server_url": mcp.url, "allowed_tools": ["add"]}
     choice = {"type": "mcp", "server_label": "facts", "name": "add"}
-    page.fill("#extra", json.dumps({"tools": [tool], "tool_choice": choice}))
+    # One call, so one card to approve (left free, the model may add a second call).
+    extra = {"tools": [tool], "tool_choice": choice, "parallel_tool_calls": False}
+    page.fill("#extra", json.dumps(extra))
     page.fill("#max-output-tokens", "200")  # the call, then an answer
     _send(page, "Add 20 and 22.")
     first = _ended(page, 0)
