@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 # Each xdist worker imports the whole package and the SDK's types (thousands of long-lived
-# pydantic objects) before its first test; with CPython's default young generation of 700
-# the collector rescans them over and over, 10-15% of a worker's start. Tests that need a
-# collection call gc.collect() themselves.
+# pydantic objects) before its first test; with CPython's default thresholds (700, 10, 10)
+# the collector rescans them over and over, 10-15% of a worker's start. Here the young
+# generation holds 50,000 objects and the older ones are collected a fifth as often. Tests
+# that need a collection call gc.collect() themselves.
 gc.set_threshold(50_000, 50, 50)
 
 if TYPE_CHECKING:  # imported where used: xdist's controller process loads this file, runs no test
