@@ -132,6 +132,21 @@ def test_order_only_ignore_and_sort_pick_the_provider(fleet: Fleet) -> None:
     assert all(table[p]["latency_ms"] is not None for p in "abc")
 
 
+def test_an_answer_cut_by_a_loop_names_its_provider(fleet: Fleet) -> None:
+    """Greedy with its end of turn blocked, the embedded model loops; the front's repetition
+    stop ends the turn on the chunk that closes the loop, before the provider's own end
+    arrives. The upstream generation is cancelled, and the answer still names who gave it."""
+    loop = {"ignore_eos": True, "temperature": 0, "dry_multiplier": 0}
+    r = _create(fleet, max_output_tokens=900, provider={"order": ["b"]}, **loop)
+    assert r.status_code == 200, r.text
+    body = strict_response(r.json())
+    assert body.status == "incomplete" and body.incomplete_details is not None
+    assert body.incomplete_details.reason == "max_output_tokens"
+    assert body.usage is not None and body.usage.output_tokens < 900
+    assert r.headers["x-respd-provider"] == "b"
+    assert r.json()["provider"]["name"] == "b"
+
+
 def test_the_upstreams_file_is_read_again_on_sighup(fleet: Fleet) -> None:
     path = fleet.tmp / "upstreams.toml"
     entry = '[[upstream]]\nalias = "{0}"\nurl = "{1}/v1"\nmodel = "{2}"\nmodel_id = "{3}"\n'

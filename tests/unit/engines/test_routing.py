@@ -403,3 +403,22 @@ def test_sampling_reaches_the_provider_unchanged() -> None:
 
     asyncio.run(run())
     assert engine.calls[0].params.temperature == 0.3
+
+
+async def test_an_answer_ended_early_still_names_its_provider() -> None:
+    """A stop sequence ends the turn before the provider does: the generation is
+    cancelled, and its end still says which provider answered."""
+    long = Reply(["one ", "two ", "STOP", " three"] + ["x "] * 50)
+    engine = _fake(long)
+    async with _app(_provider("b", engine)) as http:
+        r = await http.post(
+            "/v1/chat/completions",
+            json={"model": PUBLIC, "messages": [{"role": "user", "content": "hi"}], "stop": "STOP"},
+        )
+        body = r.json()
+        assert r.status_code == 200, r.text
+        assert ChatCompletion.model_validate(body).choices[0].message.content == "one two "
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert r.headers["x-respd-provider"] == "b"
+        assert body["provider"]["name"] == "b"
+    assert engine.calls[0].cancelled

@@ -59,6 +59,9 @@ from respd.service.tools.definitions import ToolPolicy
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 1
+# How long a turn that ended early (a stop sequence, a loop) waits for its cancelled
+# generation's end: one engine step, or an upstream connection closing.
+CANCEL_GRACE = 1.0
 
 Api = Literal["responses", "chat"]
 
@@ -393,17 +396,21 @@ async def _events(
                         closing = stream.wrap_up()
                     if reader.stopped or guard.ended or (reader.looped and not closing):
                         ended = True
-                        break  # closing the stream cancels the rest of the generation
+                        done = await _cancelled_end(stream)
+                        break
             cut_off = reader.looped or (done is not None and done.finish_reason == "length")
             for event in guard.filter(reader.finish(cut_off=cut_off)):
                 yield event
         except Exception as exc:  # the engine broke: the adapters end honestly
             log.exception("generation raised")
             done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
-        # A stop sequence or a repeated call that ended the turn is its end, whatever the
-        # engine reported for the tokens past it (cancelled, or cut at the limit).
-        if done is None or (ended and done.finish_reason in ("cancelled", "length")):
-            done = _ended_early(prepared, produced, ended, reader.looped)
+        # A stop sequence, a repeated call or a loop that ended the turn is its end, whatever
+        # the engine reported for the tokens past it; which provider answered still holds.
+        if done is None or ended:
+            early = _ended_early(prepared, produced, ended, reader.looped)
+            if done is not None:
+                early = replace(early, cached_tokens=done.cached_tokens, route=done.route)
+            done = early
         elif closing and done.finish_reason in ("stop", "cancelled") and not progress.interrupted:
             done = replace(done, finish_reason="length")  # the loop cut it, closed or not
         if reader.looped:
@@ -449,6 +456,21 @@ def _reader(prepared: PreparedGeneration, policy: OutputPolicy) -> OutputReader:
         logprobs=spec.sampling.logprobs is not None,
         repetition_stop=policy.repetition_stop,
     )
+
+
+async def _cancelled_end(stream: GenerationStream) -> GenerationDone | None:
+    """The end a stream still reports once cancelled (its cached tokens, the provider that
+    answered); None when it does not come within `CANCEL_GRACE` seconds. The tokens past
+    the cancel are dropped: the turn already ended."""
+    stream.cancel()
+    try:
+        async with asyncio.timeout(CANCEL_GRACE):
+            async for chunk in stream:
+                if isinstance(chunk, GenerationDone):
+                    return chunk
+    except TimeoutError:
+        log.warning("a cancelled generation did not end within %gs", CANCEL_GRACE)
+    return None
 
 
 def _ended_early(
