@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-# Each xdist worker imports the whole package and the SDK's types (thousands of long-lived
-# pydantic objects) before its first test; with CPython's default thresholds (700, 10, 10)
-# the collector rescans them over and over, 10-15% of a worker's start. Here the young
-# generation holds 50,000 objects and the older ones are collected a fifth as often. Tests
-# that need a collection call gc.collect() themselves.
+# The suite is collected once (pytest-parallex then forks its workers from that process):
+# the package and the SDK's types make thousands of long-lived pydantic objects, and with
+# CPython's default thresholds (700, 10, 10) the collector rescanned them over and over,
+# 10-15% of the collection. Here the young generation holds 50,000 objects and the older
+# ones are collected a fifth as often. Tests that need a collection call gc.collect().
 gc.set_threshold(50_000, 50, 50)
 
-if TYPE_CHECKING:  # imported where used: xdist's controller process loads this file, runs no test
+if TYPE_CHECKING:
     import httpx
     import openai
     from fastapi import FastAPI
@@ -28,32 +28,31 @@ if TYPE_CHECKING:  # imported where used: xdist's controller process loads this 
     from tests.support.mcp_server import McpTestServer
 
 
-@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under `-p no:xdist`
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """`-n auto`: three workers more than the cores, to compute while the `waits` tests
-    sleep (on two cores: 26 s with three workers, 24 s with five; six are no faster, each
-    worker spending 2.5 CPU-seconds on collection)."""
-    return (os.cpu_count() or 1) + 3
+@pytest.hookimpl(optionalhook=True)  # pytest-parallex's hook: absent without the plugin
+def pytest_parallex_auto_num_workers(config: pytest.Config) -> int:
+    """`--parallel=fork` with no count: six workers more than the cores, to compute while
+    the `waits` tests sleep through deadlines and delays (a forked worker costs no
+    collection of its own)."""
+    return (os.cpu_count() or 1) + 6
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_parallex_setup(config: pytest.Config) -> None:
+    """In the collecting process, just before it forks the workers: build the SDK types
+    every app builds at startup, so no worker builds them again, and move everything
+    alive into the collector's permanent generation, so that no worker's collections touch
+    (and so copy) the pages it shares with the others."""
+    from respd.protocol.wire import build_sdk_types
+
+    build_sdk_types()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Deals the tests marked `waits` out to the heads of the shares xdist's `worksteal`
-    hands its workers first (equal contiguous slices, in worker order), so that each worker
-    sleeps through some deadlines while the others compute; a worker left with all of
-    them would finish long after the rest. Without xdist they simply run first."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    waits = [item for item in items if item.get_closest_marker("waits")]
-    rest = [item for item in items if not item.get_closest_marker("waits")]
-    ordered: list[pytest.Item] = []
-    left = len(items)
-    for worker in range(workers):
-        share = left // (workers - worker)  # what worksteal's first split gives this worker
-        dealt = waits[worker::workers]
-        take = max(share - len(dealt), 0)
-        ordered += dealt + rest[:take]
-        rest = rest[take:]
-        left -= share
-    items[:] = ordered + rest
+    """The tests marked `waits` first: the workers claim tests one at a time, and those
+    sleeping through their deadlines early leave the rest to compute meanwhile, where a
+    worker left with one at the end would finish long after the others."""
+    items.sort(key=lambda item: item.get_closest_marker("waits") is None)
 
 
 @pytest.fixture()
