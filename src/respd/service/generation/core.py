@@ -404,15 +404,10 @@ async def _events(
         except Exception as exc:  # the engine broke: the adapters end honestly
             log.exception("generation raised")
             done = GenerationDone("error", prepared.prompt_tokens, produced, error=str(exc))
-        # A stop sequence, a repeated call or a loop that ended the turn is its end, whatever
-        # the engine reported for the tokens past it; which provider answered still holds.
-        if done is None or ended:
-            early = _ended_early(prepared, produced, ended, reader.looped)
-            if done is not None:
-                early = replace(early, cached_tokens=done.cached_tokens, route=done.route)
-            done = early
-        elif closing and done.finish_reason in ("stop", "cancelled") and not progress.interrupted:
-            done = replace(done, finish_reason="length")  # the loop cut it, closed or not
+        closed = closing and not progress.interrupted
+        done = _reconciled(
+            prepared, done, produced, ended=ended, looped=reader.looped, closed=closed
+        )
         if reader.looped:
             progress.looped(spec.params.api)
         progress.check_window(spec.params.api, done, produced, engine.context_window)
@@ -471,6 +466,28 @@ async def _cancelled_end(stream: GenerationStream) -> GenerationDone | None:
     except TimeoutError:
         log.warning("a cancelled generation did not end within %gs", CANCEL_GRACE)
     return None
+
+
+def _reconciled(
+    prepared: PreparedGeneration,
+    done: GenerationDone | None,
+    produced: int,
+    *,
+    ended: bool,
+    looped: bool,
+    closed: bool,
+) -> GenerationDone:
+    """How the generation ended. A stop sequence, a repeated call or a loop that ended the
+    turn is its end, whatever the engine reported for the tokens past it (which provider
+    answered still holds); a looped answer the engine closed ends `length`."""
+    if done is None or ended:
+        early = _ended_early(prepared, produced, ended, looped)
+        if done is None:
+            return early
+        return replace(early, cached_tokens=done.cached_tokens, route=done.route)
+    if closed and done.finish_reason in ("stop", "cancelled"):
+        return replace(done, finish_reason="length")  # the loop cut it, closed or not
+    return done
 
 
 def _ended_early(
