@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from respd.config.engine import EngineConfig
+from tests.support.ordering import marked_first
 from tests.support.pg import fresh_schema
 from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
 
@@ -28,7 +30,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     out whole, in this order, to two xdist workers (`--dist loadfile
     --no-loadscope-reorder`): a long module started last would leave one worker running it
     alone while the other sat idle."""
-    items.sort(key=lambda item: item.get_closest_marker("long") is None)  # a stable sort
+    marked_first(items, Path(__file__).parent, "long")
 
 
 @pytest.fixture(scope="session")

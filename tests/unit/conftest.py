@@ -8,9 +8,12 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from tests.support.ordering import marked_first
 
 # The suite is collected once (pytest-parallex then forks its workers from that process):
 # the package and the SDK's types make thousands of long-lived pydantic objects, and with
@@ -52,7 +55,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked `waits` first: the workers claim tests one at a time, and those
     sleeping through their deadlines early leave the rest to compute meanwhile, where a
     worker left with one at the end would finish long after the others."""
-    items.sort(key=lambda item: item.get_closest_marker("waits") is None)
+    marked_first(items, Path(__file__).parent, "waits")
 
 
 @pytest.fixture()
