@@ -19,7 +19,9 @@ from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_s
 
 # The engines some tests run in this process wait for work as `respd serve` does by default
 # (`--poll`), set before llama.cpp's OpenMP runtime loads. OpenMP's own default spins: two
-# xdist workers' engines spinning on two cores ran ten times slower than one alone.
+# xdist workers' engines spinning on two cores ran ten times slower than one alone. The
+# engine package sets the same default when it loads; some test modules import llama_cpp
+# itself first.
 EngineConfig().apply_wait_policy()
 
 SHARED_CAP = ("--max-output-tokens", "128")

@@ -13,6 +13,7 @@ from pydantic_settings import NoDecode
 
 from respd.engines import defaults as engine_defaults
 from respd.engines.defaults import ImageEncode, JumpForward
+from respd.engines.waiting import apply_wait_policy, wait_policy_env
 
 if TYPE_CHECKING:
     from respd.engines.embedding import Embedder
@@ -228,17 +229,12 @@ class EngineConfig(BaseModel):
 
     def wait_policy_env(self) -> dict[str, str]:
         """The OpenMP settings `--poll` stands for, read once when llama.cpp loads."""
-        if self.poll == 0:
-            return {"OMP_WAIT_POLICY": "PASSIVE"}
-        # Spins before a waiting thread sleeps; libgomp's own default, 300,000, is --poll 100.
-        return {"GOMP_SPINCOUNT": str(self.poll * 3000)}
+        return wait_policy_env(self.poll)
 
     def apply_wait_policy(self) -> None:
         """Put `wait_policy_env` in this process's environment (where it does not set them
         already), before llama.cpp and its OpenMP runtime load."""
-        for name, value in self.wait_policy_env().items():
-            if name not in os.environ:
-                os.environ[name] = value
+        apply_wait_policy(self.poll)
 
     def repack_weights(self) -> bool | None:
         """None: let the engine decide (auto)."""
