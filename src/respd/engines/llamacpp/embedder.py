@@ -134,8 +134,8 @@ class _Context:
 
         from respd.engines.llamacpp.loading import load_model
 
-        declared = _declares_pooling(path)
         model = load_model(path, repack)
+        declared = _declares_pooling(model.model)
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
         params.n_threads = params.n_threads_batch = n_threads
@@ -155,25 +155,14 @@ class _Context:
         self.model.close()
 
 
-def _declares_pooling(path: Path) -> bool:
-    """Whether the GGUF names its pooling (`<arch>.pooling_type`), read from its metadata
-    alone (no weights loaded)."""
+def _declares_pooling(model: Any) -> bool:
+    """Whether the loaded GGUF names its pooling (`<arch>.pooling_type`) in its metadata."""
     import ctypes
 
     import llama_cpp
-    from llama_cpp._utils import suppress_stdout_stderr
 
-    params = llama_cpp.llama_model_default_params()
-    params.vocab_only = True
-    with suppress_stdout_stderr(disable=False):  # llama.cpp prints the whole header
-        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not model:
-        raise OSError(f"cannot read {path}")
-    try:
-        buffer = ctypes.create_string_buffer(128)
-        size = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, 128)
-        arch = buffer.value.decode() if size > 0 else ""
-        key = f"{arch}.pooling_type".encode()
-        return int(llama_cpp.llama_model_meta_val_str(model, key, buffer, 128)) >= 0
-    finally:
-        llama_cpp.llama_model_free(model)
+    buffer = ctypes.create_string_buffer(128)
+    size = llama_cpp.llama_model_meta_val_str(model, b"general.architecture", buffer, 128)
+    arch = buffer.value.decode() if size > 0 else ""
+    key = f"{arch}.pooling_type".encode()
+    return int(llama_cpp.llama_model_meta_val_str(model, key, buffer, 128)) >= 0
