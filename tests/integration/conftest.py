@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from respd.config.engine import EngineConfig
+from respd.engines.waiting import default_wait_policy
 from tests.support.ordering import marked_first
 from tests.support.pg import fresh_schema
 from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_server
@@ -20,9 +20,9 @@ from tests.support.servers import TEMPLATES, TOOL_FAMILIES, RespdServer, start_s
 # The engines some tests run in this process wait for work as `respd serve` does by default
 # (`--poll`), set before llama.cpp's OpenMP runtime loads. OpenMP's own default spins: two
 # xdist workers' engines spinning on two cores ran ten times slower than one alone. The
-# engine package sets the same default when it loads; some test modules import llama_cpp
-# itself first.
-EngineConfig().apply_wait_policy()
+# engine package applies the same default when it loads; some test modules import llama_cpp
+# itself before it.
+default_wait_policy()
 
 SHARED_CAP = ("--max-output-tokens", "128")
 

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from respd.engines.waiting import POLICY_VARIABLES
+
 SCRIPT = """
 import os, sys
 import respd.engines.llamacpp
@@ -17,7 +19,7 @@ print(os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT"))
 
 
 def _policy(**env: str) -> list[str]:
-    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    base = {k: v for k, v in os.environ.items() if k not in POLICY_VARIABLES}
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT],
         env={**base, **env},
